@@ -1,0 +1,173 @@
+"""The ``edgepack`` command line. Thin: each command calls one library function and renders it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from edgepack import __version__
+from edgepack import render
+from edgepack.errors import EdgepackError
+
+app = typer.Typer(
+    name="edgepack",
+    help="Compile ONNX and TFLite models for edge devices (ARM CPUs, mobile GPUs) with Apache TVM.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]
+InputShapeOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--input-shape", "-s", metavar="NAME:D0,D1,...",
+                 help="Fix a dynamic input's shape, e.g. x:1,3,224,224. Repeat for several inputs."),
+]
+
+
+def _print_json(data) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"edgepack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """Compile ONNX and TFLite models for edge devices with Apache TVM."""
+
+
+@app.command()
+def profiles(as_json: JsonOption = False) -> None:
+    """List the device profiles edgepack knows (shipped and your own)."""
+    from edgepack.profiles import list_profiles
+
+    found = list_profiles()
+    if as_json:
+        _print_json([p.to_dict() for p in found])
+    else:
+        render.profiles_table(found)
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model.")],
+    ir: Annotated[bool, typer.Option("--ir", help="Also print the Relax IR before and after operator fusion.")] = False,
+    input_shape: InputShapeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a model's inputs, outputs, operators and any operator edgepack cannot compile."""
+    from edgepack.importers import inspect_model, parse_input_shapes
+
+    info = inspect_model(model)
+    ir_text = None
+    if ir:
+        from edgepack.compiler import fusion_ir
+        from edgepack.importers import import_model
+
+        ir_text = fusion_ir(import_model(model, parse_input_shapes(input_shape)))
+    if as_json:
+        data = info.to_dict()
+        if ir_text:
+            data["ir_before_fusion"], data["ir_after_fusion"] = ir_text
+        _print_json(data)
+    else:
+        render.model_info(info, ir_text)
+
+
+@app.command(name="compile")
+def compile_(
+    model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model.")],
+    profile: Annotated[str, typer.Option("--profile", "-p", help="Device profile (see `edgepack profiles`).")] = "rpi4",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Build directory [default: build/PROFILE].")] = None,
+    input_shape: InputShapeOption = None,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
+    ndk: Annotated[Optional[str], typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Compile a model for a device profile into a build directory."""
+    from edgepack.compiler import compile_model
+    from edgepack.importers import parse_input_shapes
+
+    output = output or Path("build") / profile
+    with render.steps(quiet=as_json) as step:
+        result = compile_model(model, profile, output, input_shapes=parse_input_shapes(input_shape),
+                               force=force, ndk=ndk, progress=step)
+    if as_json:
+        _print_json({"output_dir": str(result.output_dir)} | result.manifest.to_dict())
+    else:
+        render.compile_summary(result)
+
+
+@app.command()
+def validate(
+    build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
+    on: Annotated[str, typer.Option("--on", help="Where to run the build: host.")] = "host",
+    inputs: Annotated[Optional[Path], typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,
+    atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-4,
+    rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-3,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a build and compare every output with ONNX Runtime / LiteRT. Exits 1 on mismatch."""
+    from edgepack.validation import validate as run_validation
+
+    with render.steps(quiet=as_json) as step:
+        step(f"Running {build} on {on} and the reference")
+        report = run_validation(build, on, inputs=inputs, seed=seed, atol=atol, rtol=rtol)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        render.validation_report(report)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def doctor(as_json: JsonOption = False) -> None:
+    """Check which toolchains, emulators and optional pieces are installed."""
+    from edgepack.doctor import run_checks
+
+    checks = run_checks()
+    if as_json:
+        _print_json([c.to_dict() for c in checks])
+    else:
+        render.doctor_table(checks)
+    if any(c.required and not c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console entry point: EdgepackErrors become one clear paragraph and an exit code, not a traceback."""
+    try:
+        app()
+    except EdgepackError as exc:
+        render.error(exc)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        render.error(EdgepackError("Interrupted.", "Outputs are written atomically; nothing half-done was left."))
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence for the user
+        if os.environ.get("EDGEPACK_DEBUG"):
+            raise
+        render.error(EdgepackError(
+            f"Internal error: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}",
+            "This is a bug in edgepack; rerun with EDGEPACK_DEBUG=1 for the traceback and report it.",
+        ))
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Device profiles: what a kind of device is, as data.
+
+A profile is a TOML file (``device_profiles/*.toml``) that names the TVM target, the target triple,
+the cross compiler, how to run the device's binaries under emulation and the RPC key. Adding a device
+means adding a file: edgepack reads every ``*.toml`` in the search path below.
+
+Search path, first match wins: ``$EDGEPACK_PROFILES_DIR`` (``:``-separated), the user's
+``~/.config/edgepack/profiles/``, then the profiles shipped with edgepack.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from edgepack.errors import ProfileError
+from edgepack.paths import config_root
+
+Backend = Literal["cpu", "opencl", "vulkan"]
+Status = Literal["supported", "planned"]
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The compilers that build code for a profile's triple."""
+
+    cc: str
+    cxx: str
+    apt_package: str | None = None
+    sysroot: str | None = None
+    ndk: bool = False  # the compilers come from a user-supplied Android NDK
+
+
+@dataclass(frozen=True)
+class Emulator:
+    """How this machine runs the profile's binaries (qemu-user), as an argv prefix."""
+
+    command: tuple[str, ...]
+    apt_package: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    status: Status
+    backend: Backend
+    triple: str
+    rpc_key: str
+    target: dict[str, Any]
+    toolchain: Toolchain
+    host_target: dict[str, Any] | None = None
+    emulator: Emulator | None = None
+    status_note: str = ""
+    source: Path | None = field(default=None, compare=False)
+
+    @property
+    def is_host(self) -> bool:
+        """True when binaries for this profile run natively on this machine."""
+        return self.emulator is None and not self.toolchain.ndk and self.triple.startswith("x86_64")
+
+    def tvm_target(self):  # -> tvm.target.Target (imported lazily: TVM takes a second to load)
+        import tvm
+
+        host = self.host_target
+        return tvm.target.Target(self.target, host=host) if host else tvm.target.Target(self.target)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "status": self.status,
+            "status_note": self.status_note,
+            "backend": self.backend,
+            "triple": self.triple,
+            "rpc_key": self.rpc_key,
+            "target": self.target,
+            "host_target": self.host_target,
+            "toolchain": {
+                "cc": self.toolchain.cc,
+                "cxx": self.toolchain.cxx,
+                "apt_package": self.toolchain.apt_package,
+                "sysroot": self.toolchain.sysroot,
+                "ndk": self.toolchain.ndk,
+            },
+            "emulator": list(self.emulator.command) if self.emulator else None,
+        }
+
+
+def shipped_profiles_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "device_profiles", here.parent / "device_profiles"):
+        if candidate.is_dir():
+            return candidate
+    return here.parent / "device_profiles"
+
+
+def profile_dirs() -> list[Path]:
+    dirs = [Path(p).expanduser() for p in os.environ.get("EDGEPACK_PROFILES_DIR", "").split(":") if p]
+    dirs.append(config_root() / "profiles")
+    dirs.append(shipped_profiles_dir())
+    return dirs
+
+
+def parse_profile(data: dict[str, Any], source: Path | None = None) -> Profile:
+    """Build a :class:`Profile` from the TOML data of one profile file."""
+    where = f" in {source}" if source else ""
+    try:
+        toolchain = Toolchain(**data["toolchain"])
+        emulator_data = data.get("emulator")
+        emulator = (
+            Emulator(tuple(emulator_data["command"]), emulator_data.get("apt_package"))
+            if emulator_data
+            else None
+        )
+        profile = Profile(
+            name=data["name"],
+            description=data.get("description", ""),
+            status=data.get("status", "supported"),
+            status_note=data.get("status_note", ""),
+            backend=data.get("backend", "cpu"),
+            triple=data["triple"],
+            rpc_key=data.get("rpc_key", data["name"]),
+            target=dict(data["target"]),
+            host_target=dict(data["host_target"]) if "host_target" in data else None,
+            toolchain=toolchain,
+            emulator=emulator,
+            source=source,
+        )
+    except (KeyError, TypeError) as exc:
+        raise ProfileError(
+            f"The device profile{where} is malformed ({type(exc).__name__}: {exc}).",
+            "A profile needs name, triple, [target] (a TVM target dict) and [toolchain] with cc and cxx;"
+            " compare with the shipped device_profiles/rpi4.toml.",
+        ) from exc
+    if profile.status not in ("supported", "planned"):
+        raise ProfileError(
+            f"The device profile{where} has status {profile.status!r}.",
+            "Use status = \"supported\" or \"planned\".",
+        )
+    return profile
+
+
+def load_profile_file(path: Path) -> Profile:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ProfileError(f"Cannot read device profile {path}: {exc}.", "Fix the TOML syntax.") from exc
+    return parse_profile(data, source=path)
+
+
+def list_profiles() -> list[Profile]:
+    """Every profile on the search path, by name; earlier directories override later ones."""
+    found: dict[str, Profile] = {}
+    for directory in reversed(profile_dirs()):
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.toml")):
+                profile = load_profile_file(path)
+                found[profile.name] = profile
+    return sorted(found.values(), key=lambda p: (p.name != "host", p.name))
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``, or a path to a profile TOML file."""
+    if name.endswith(".toml") and Path(name).is_file():
+        return load_profile_file(Path(name))
+    profiles = {p.name: p for p in list_profiles()}
+    if name not in profiles:
+        raise ProfileError(
+            f"Unknown device profile {name!r}.",
+            f"Known profiles: {', '.join(sorted(profiles))} (see `edgepack profiles`);"
+            " or add your own TOML file to ~/.config/edgepack/profiles/.",
+        )
+    return profiles[name]
+
+
+def require_supported(profile: Profile) -> None:
+    """Refuse, clearly, to compile for a profile whose backend edgepack cannot build yet."""
+    if profile.status != "supported":
+        note = f" ({profile.status_note})" if profile.status_note else ""
+        raise ProfileError(
+            f"Profile {profile.name!r} ({profile.backend}) is not supported yet{note}.",
+            "Pick a supported profile from `edgepack profiles`, e.g. rpi4 or rpi3.",
+        )

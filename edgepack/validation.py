@@ -1,0 +1,218 @@
+"""Validate a build: run it, run the reference runtime on the same inputs, compare every output."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepack.errors import EdgepackError, ShapeError
+from edgepack.importers import TensorSpec
+from edgepack.manifest import BuildManifest, read_manifest
+from edgepack.reference import run_reference
+
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-3
+
+# Runs a build on named inputs and returns its outputs in manifest order.
+BuildRunner = Callable[[Path, BuildManifest, dict[str, np.ndarray]], list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_error: float
+    max_rel_error: float  # max |actual - expected| relative to the largest |expected|
+    mismatched: int  # elements outside atol + rtol * |expected|
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    build_dir: Path
+    on: str
+    reference: str
+    atol: float
+    rtol: float
+    outputs: tuple[OutputComparison, ...]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "build_dir": str(self.build_dir),
+            "on": self.on,
+            "reference": self.reference,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "passed": self.passed,
+            "seconds": round(self.seconds, 3),
+            "outputs": [asdict(o) | {"shape": list(o.shape)} for o in self.outputs],
+        }
+
+
+def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs that respect each input's dtype: [0, 1) floats, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        shape = tuple(int(d) for d in spec.shape)
+        if dtype == np.bool_:
+            value = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.floating):
+            value = rng.random(shape, dtype=np.float32).astype(dtype)
+        elif np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            value = rng.integers(max(info.min, 0), min(info.max, 10) + 1, size=shape, dtype=dtype)
+        else:
+            raise ShapeError(f"Cannot make random data for input {spec.name!r} of dtype {spec.dtype}.",
+                             "Pass the inputs with --inputs inputs.npz.")
+        inputs[spec.name] = value
+    return inputs
+
+
+def load_inputs(path: Path, specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    """Read inputs from an ``.npz`` keyed by input name and check them against the build."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise EdgepackError(f"Cannot read inputs from {path}: {exc}.",
+                            "Pass an .npz made with numpy.savez(path, **{input_name: array}).") from exc
+    return check_inputs(arrays, specs)
+
+
+def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    names = [s.name for s in specs]
+    if len(specs) == 1 and len(arrays) == 1 and names[0] not in arrays:
+        arrays = {names[0]: next(iter(arrays.values()))}  # one unnamed array (np.savez(f, x)) is fine
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise ShapeError(f"The inputs lack {', '.join(missing)} (given: {', '.join(arrays) or 'nothing'}).",
+                         f"The model's inputs are: {', '.join(names)}.")
+    checked = {}
+    for spec in specs:
+        array = np.asarray(arrays[spec.name])
+        want = tuple(int(d) for d in spec.shape)
+        if array.shape != want:
+            raise ShapeError(f"Input {spec.name!r} has shape {list(array.shape)}, but the build expects {list(want)}.",
+                             "Pass data of the compiled shape, or compile again with a matching --input-shape.")
+        if array.dtype != np.dtype(spec.dtype):
+            if np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
+                array = array.astype(spec.dtype)
+            else:
+                raise ShapeError(f"Input {spec.name!r} has dtype {array.dtype}, but the build expects {spec.dtype}.",
+                                 f"Convert it with array.astype('{spec.dtype}').")
+        checked[spec.name] = np.ascontiguousarray(array)
+    return checked
+
+
+def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> OutputComparison:
+    expected = np.asarray(expected)
+    actual = np.asarray(actual)
+    if actual.shape != expected.shape:
+        return OutputComparison(name, str(actual.dtype), tuple(actual.shape), float("inf"), float("inf"),
+                                int(expected.size), False)
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    diff = np.abs(a - e)
+    finite = np.isfinite(a) == np.isfinite(e)
+    both_nan = np.isnan(a) & np.isnan(e)
+    within = (diff <= atol + rtol * np.abs(e)) | both_nan | (a == e)
+    within &= finite
+    max_abs = float(np.nanmax(diff)) if diff.size else 0.0
+    scale = float(np.nanmax(np.abs(e))) if e.size else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    mismatched = int(within.size - np.count_nonzero(within))
+    return OutputComparison(name, str(expected.dtype), tuple(expected.shape), max_abs, max_rel,
+                            mismatched, mismatched == 0)
+
+
+def validate(
+    build_dir: Path | str,
+    on: str = "host",
+    *,
+    inputs: Path | dict[str, np.ndarray] | None = None,
+    seed: int = 0,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+) -> ValidationReport:
+    """Run the build ``on`` a place (``host``, ...) and compare every output with the reference."""
+    build_dir = Path(build_dir)
+    manifest = read_manifest(build_dir)
+    runner = runner_for(on)
+    if inputs is None:
+        feeds = random_inputs(manifest.inputs, seed)
+    elif isinstance(inputs, dict):
+        feeds = check_inputs(inputs, manifest.inputs)
+    else:
+        feeds = load_inputs(Path(inputs), manifest.inputs)
+    started = time.perf_counter()
+    actual = runner(build_dir, manifest, feeds)
+    expected = run_reference(build_dir / manifest.model_file, manifest.model_format, feeds, manifest.outputs)
+    comparisons = tuple(
+        compare(spec.name, a, e, atol, rtol) for spec, a, e in zip(manifest.outputs, actual, expected)
+    )
+    reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
+    return ValidationReport(build_dir, on, reference, atol, rtol, comparisons, time.perf_counter() - started)
+
+
+def runner_for(on: str) -> BuildRunner:
+    if on == "host":
+        return run_on_host
+    raise EdgepackError(
+        f"Unknown place to validate on: {on!r}.",
+        "Use --on host.",
+    )
+
+
+def run_on_host(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run the host build of the model in TVM's Relax VM."""
+    import tvm
+    from tvm import relax
+
+    library = build_dir / manifest.artifacts["host_library"].path
+    with quiet_native_stderr():
+        executable = tvm.runtime.load_module(str(library))
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    args = [tvm.runtime.tensor(inputs[spec.name]) for spec in manifest.inputs]
+    result = vm["main"](*args)
+    return flatten_outputs(result)
+
+
+def flatten_outputs(result) -> list[np.ndarray]:
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    flat: list[np.ndarray] = []
+    for item in result:
+        flat.extend(flatten_outputs(item))
+    return flat
+
+
+@contextmanager
+def quiet_native_stderr():
+    """Silence TVM's C++ log lines (e.g. "Scope Loaded") that bypass Python's sys.stderr."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
