@@ -19,6 +19,7 @@ ModelFormat = Literal["onnx", "tflite"]
 Dim = int | str  # a str names a dynamic dimension
 Shape = tuple[int, ...]
 
+_TFLITE_CUSTOM = 32  # tflite.BuiltinOperator.CUSTOM
 _TFLITE_DTYPES = {
     0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16",
     9: "int8", 10: "float64", 12: "uint64", 15: "uint32", 16: "uint16",
@@ -287,6 +288,13 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
 
     import onnx
 
+    # Old ONNX IR (< 4) lists every weight as a graph input too; for deployment they are constants.
+    initializers = {init.name for init in model.graph.initializer}
+    real_inputs = [v for v in model.graph.input if v.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(real_inputs)
+    if model.ir_version < 4:
+        model.ir_version = 4
     shapes = {t.name: t.shape for t in inputs}
     for value in model.graph.input:
         if value.name in shapes:
@@ -345,11 +353,12 @@ def _tflite_tensor_spec(tensor) -> TensorSpec:
 
 
 def _tflite_op_name(converter, model, op) -> str:
-    name = converter.get_op_code_str(op)
-    if name == "CUSTOM":
-        custom = model.OperatorCodes(op.OpcodeIndex()).CustomCode()
+    code = model.OperatorCodes(op.OpcodeIndex())
+    builtin = max(code.DeprecatedBuiltinCode(), code.BuiltinCode())
+    if builtin == _TFLITE_CUSTOM:
+        custom = code.CustomCode()
         return f"CUSTOM:{custom.decode() if custom else '?'}"
-    return name
+    return converter.builtin_op_code.get(builtin, f"BUILTIN_{builtin}")
 
 
 def _inspect_tflite(path: Path) -> ModelInfo:

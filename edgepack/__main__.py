@@ -1,0 +1,3 @@
+from edgepack.cli import main
+
+main()
