@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install everything edgepack needs on a Debian/Ubuntu machine. Idempotent: a second run is quick.
+#   cross compilers (aarch64, armv7), qemu-user, cmake; edgepack itself (editable) with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(g++-aarch64-linux-gnu g++-arm-linux-gnueabihf qemu-user qemu-user-static binfmt-support
+              cmake make file)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "==> apt-get install ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# ARM binaries can run directly when binfmt_misc is mounted (the SSH device farm needs it);
+# edgepack itself calls qemu explicitly, so a failure here is not fatal.
+if [ ! -e /proc/sys/fs/binfmt_misc/status ] && [ "$(id -u)" -eq 0 ]; then
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+fi
+if command -v update-binfmts >/dev/null && [ "$(id -u)" -eq 0 ]; then
+  update-binfmts --enable qemu-aarch64 2>/dev/null || true
+  update-binfmts --enable qemu-arm 2>/dev/null || true
+fi
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c "import edgepack, tvm, onnxruntime, ai_edge_litert, pytest" 2>/dev/null \
+   || [ pyproject.toml -nt "$("$PYTHON" -c 'import edgepack,os;print(os.path.dirname(edgepack.__file__))')" ]; then
+  echo "==> pip install -e .[test,rpc]"
+  "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test,rpc]"
+fi
+echo "==> edgepack $("$PYTHON" -m edgepack --version | cut -d' ' -f2) ready"
