@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -16,10 +17,10 @@ PINNED = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
 
 @dataclass(frozen=True)
 class Check:
-    group: str
     name: str
     ok: bool
-    detail: str
+    version: str  # short version, or what is wrong
+    purpose: str
     hint: str = ""
     required: bool = False  # a missing required piece breaks `edgepack compile` itself
 
@@ -27,33 +28,46 @@ class Check:
         return asdict(self)
 
 
+def short_version(line: str) -> str:
+    """'aarch64-linux-gnu-g++ (Debian 12.2.0-14) 12.2.0' -> '12.2.0'."""
+    numbers = re.findall(r"\d+\.\d+(?:\.\d+)*", line)
+    dotted = [n for n in numbers if n.count(".") >= 2]
+    return (dotted or numbers or [line])[0]
+
+
 def _package(name: str, purpose: str, required: bool = False) -> Check:
     try:
         found = version(name)
     except PackageNotFoundError:
-        return Check("python", name, False, "not installed", f"pip install {name}  ({purpose})", required)
+        return Check(name, False, "not installed", purpose, f"pip install {name}", required)
     pinned = PINNED.get(name)
     if pinned and found != pinned:
-        return Check("python", name, False, f"{found} (edgepack needs {pinned})",
-                     f"pip install {name}=={pinned}", required)
-    return Check("python", name, True, f"{found}  ({purpose})", required=required)
+        return Check(name, False, f"{found}, needs {pinned}", purpose, f"pip install {name}=={pinned}", required)
+    return Check(name, True, found, purpose, required=required)
 
 
-def _tool(group: str, executable: str, purpose: str, apt: str | None) -> Check:
+def _tool(executable: str, purpose: str, apt: str | None) -> Check:
     path = shutil.which(executable)
     if not path:
-        return Check(group, executable, False, f"not found ({purpose})",
-                     f"apt-get install {apt}" if apt else "")
-    return Check(group, executable, True, f"{tool_version(path)}  ({purpose})")
+        return Check(executable, False, "not found", purpose, f"apt-get install {apt}" if apt else "")
+    return Check(executable, True, short_version(tool_version(path)), purpose)
 
 
 def _binfmt() -> Check:
     entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    purpose = "ARM binaries run directly (the SSH device farm needs it)"
     if entry.exists() and "enabled" in entry.read_text():
-        return Check("emulation", "binfmt_misc qemu-aarch64", True, "ARM binaries run directly")
-    return Check("emulation", "binfmt_misc qemu-aarch64", False,
-                 "not registered (edgepack calls qemu explicitly; the SSH farm needs it)",
-                 "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-aarch64")
+        return Check("binfmt_misc", True, "qemu-aarch64 enabled", purpose)
+    return Check("binfmt_misc", False, "not registered", purpose,
+                 "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && update-binfmts --enable qemu-aarch64")
+
+
+def _ndk() -> Check:
+    try:
+        compilers = find_compilers(get_profile("android-arm64"))
+    except EdgepackError as exc:
+        return Check("Android NDK", False, "not found", "android-arm64 builds", exc.hint)
+    return Check("Android NDK", True, short_version(compilers.version), "android-arm64 builds")
 
 
 def run_checks() -> list[Check]:
@@ -62,35 +76,18 @@ def run_checks() -> list[Check]:
         _package("apache-tvm-ffi", "TVM's runtime ABI", required=True),
         _package("onnx", "ONNX import", required=True),
         _package("tflite", "TFLite import"),
-        _package("onnxruntime", "ONNX reference for validation"),
-        _package("ai-edge-litert", "TFLite reference for validation"),
+        _package("onnxruntime", "ONNX reference"),
+        _package("ai-edge-litert", "TFLite reference"),
         _package("paramiko", "remote devices over SSH"),
     ]
-    seen: set[str] = set()
-    for profile in list_profiles():
-        tc = profile.toolchain
-        if tc.ndk or tc.cxx in seen:
-            continue
-        seen.add(tc.cxx)
-        users = ", ".join(p.name for p in list_profiles() if p.toolchain.cxx == tc.cxx)
-        checks.append(_tool("compilers", tc.cxx, f"for {users}", tc.apt_package))
-    for profile in list_profiles():
-        if profile.emulator and profile.emulator.command[0] not in seen:
-            seen.add(profile.emulator.command[0])
-            users = ", ".join(p.name for p in list_profiles()
-                              if p.emulator and p.emulator.command[0] == profile.emulator.command[0])
-            checks.append(_tool("emulation", profile.emulator.command[0], f"runs {users}",
-                                profile.emulator.apt_package))
-    checks.append(_binfmt())
-    checks.append(_tool("build", "cmake", "C bundles", "cmake"))
-    checks.append(_tool("build", "javac", "Android/JNI bindings", "openjdk-17-jdk-headless"))
-    checks.append(_ndk())
+    profiles = [p for p in list_profiles() if not p.toolchain.ndk]
+    for cxx in dict.fromkeys(p.toolchain.cxx for p in profiles):
+        users = [p for p in profiles if p.toolchain.cxx == cxx]
+        checks.append(_tool(cxx, "compiler for " + ", ".join(p.name for p in users), users[0].toolchain.apt_package))
+    emulated = [p for p in profiles if p.emulator]
+    for qemu in dict.fromkeys(p.emulator.command[0] for p in emulated):
+        users = [p for p in emulated if p.emulator.command[0] == qemu]
+        checks.append(_tool(qemu, "runs " + ", ".join(p.name for p in users), users[0].emulator.apt_package))
+    checks += [_binfmt(), _tool("cmake", "C bundles", "cmake"),
+               _tool("javac", "Java/JNI bindings", "openjdk-17-jdk-headless"), _ndk()]
     return checks
-
-
-def _ndk() -> Check:
-    try:
-        compilers = find_compilers(get_profile("android-arm64"))
-    except EdgepackError as exc:
-        return Check("compilers", "Android NDK", False, "not found (for android-arm64)", exc.hint)
-    return Check("compilers", "Android NDK", True, f"{compilers.version}  ({compilers.cxx})")

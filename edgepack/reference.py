@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+from contextlib import contextmanager
+
 import numpy as np
 
 from edgepack.errors import EdgepackError
@@ -44,7 +47,8 @@ def _run_litert(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[Tenso
     except ImportError as exc:
         raise EdgepackError("LiteRT is needed as the reference for TFLite models.",
                             "pip install ai-edge-litert") from exc
-    interpreter = Interpreter(model_path=str(model), num_threads=1)
+    with quiet_native_stderr():  # LiteRT announces its XNNPACK delegate on stderr
+        interpreter = Interpreter(model_path=str(model), num_threads=1)
     interpreter.allocate_tensors()
     for detail in interpreter.get_input_details():
         interpreter.set_tensor(detail["index"], inputs[detail["name"]])
@@ -53,3 +57,21 @@ def _run_litert(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[Tenso
     by_name = {d["name"]: d for d in details}
     return [np.array(interpreter.get_tensor((by_name.get(o.name) or details[i])["index"]))
             for i, o in enumerate(outputs)]
+
+
+@contextmanager
+def quiet_native_stderr():
+    """Silence C++ log lines (TVM's "Scope Loaded", LiteRT's delegate notice) that bypass sys.stderr."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

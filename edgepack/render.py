@@ -39,8 +39,6 @@ def error(exc: EdgepackError) -> None:
 def steps(quiet: bool = False) -> Iterator:
     """A spinner that shows the current step of a long operation, and ticks off finished ones."""
     if quiet or not console.is_terminal:
-        state = {"t": time.perf_counter(), "msg": None}
-
         def plain(msg: str) -> None:
             if not quiet:
                 err_console.print(f"[dim]•[/] {msg}", highlight=False)
@@ -140,7 +138,8 @@ def validation_report(report) -> None:
     table = Table(title=f"Validation of {report.build_dir} on {report.on} vs {report.reference}"
                         f" (atol {report.atol:g}, rtol {report.rtol:g})", title_justify="left")
     for col in ("output", "shape", "max abs err", "max rel err", "mismatched", "result"):
-        table.add_column(col, justify="right" if "err" in col or col == "mismatched" else "left")
+        table.add_column(col, justify="right" if "err" in col or col == "mismatched" else "left",
+                         no_wrap=col != "output")
     for o in report.outputs:
         table.add_row(o.name, _shape(o.shape), f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
                       str(o.mismatched), "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]")
@@ -154,9 +153,14 @@ def validation_report(report) -> None:
 
 def doctor_table(checks) -> None:
     table = Table(title="edgepack doctor", title_justify="left")
-    for col in ("", "group", "piece", "details", "fix"):
-        table.add_column(col)
+    table.add_column("")
+    table.add_column("piece", no_wrap=True)
+    table.add_column("version", no_wrap=True)
+    table.add_column("for")
     for c in checks:
         mark = "[green]✓[/]" if c.ok else ("[bold red]✗[/]" if c.required else "[yellow]–[/]")
-        table.add_row(mark, c.group, c.name, c.detail, c.hint)
+        table.add_row(mark, c.name, c.version, c.purpose)
     console.print(table)
+    for c in checks:
+        if not c.ok and c.hint:
+            console.print(f"[yellow]{c.name}[/]: {c.hint}", highlight=False)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,7 @@ import numpy as np
 from edgepack.errors import EdgepackError, ShapeError
 from edgepack.importers import TensorSpec
 from edgepack.manifest import BuildManifest, read_manifest
-from edgepack.reference import run_reference
+from edgepack.reference import quiet_native_stderr, run_reference
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -198,21 +196,3 @@ def flatten_outputs(result) -> list[np.ndarray]:
     for item in result:
         flat.extend(flatten_outputs(item))
     return flat
-
-
-@contextmanager
-def quiet_native_stderr():
-    """Silence TVM's C++ log lines (e.g. "Scope Loaded") that bypass Python's sys.stderr."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)

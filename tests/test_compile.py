@@ -153,4 +153,4 @@ def test_profiles_and_doctor_cli():
     assert "cortex-a72" in table and "planned" in table
     checks = json.loads(run_cli("doctor", "--json", check=True).stdout)
     by_name = {c["name"]: c for c in checks}
-    assert by_name["apache-tvm"]["ok"] and by_name["aarch64-linux-gnu-g++"]["ok"]
+    assert by_name["apache-tvm"]["ok"] and by_name["apache-tvm"]["version"] == "0.27.0.post1" and by_name["aarch64-linux-gnu-g++"]["ok"]
