@@ -4,7 +4,9 @@ A build directory holds::
 
     manifest.json        how it was made (written last)
     model.onnx|.tflite   the source model, the reference for validation
-    device/model.so      the model library for the device, cross-compiled with the profile's toolchain
+    device/model.so      the model library for the device, cross-compiled with the profile's toolchain,
+                         with its tensor metadata embedded (the C API reads it)
+    device/model.meta    that metadata as text
     host/model.so        the same model built for this machine, used by host validation
 
 The directory is written atomically: a temp directory that is renamed only when complete.
@@ -27,6 +29,7 @@ from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.toolchain import Compilers, find_compilers
 
 DEVICE_LIBRARY = "device/model.so"
+DEVICE_META = "device/model.meta"
 HOST_LIBRARY = "host/model.so"
 HOST_TARGET = {"kind": "llvm"}
 
@@ -75,7 +78,7 @@ def compile_model(
         device_target = profile.tvm_target()
         device_exe = build(imported, device_target)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
-        export_library(device_exe, staging / DEVICE_LIBRARY, compilers)
+        artifacts = export_device_library(device_exe, staging, imported.inputs, outputs, compilers)
 
         if profile.is_host:
             host_library = DEVICE_LIBRARY
@@ -104,7 +107,7 @@ def compile_model(
             edgepack_version=__version__,
             toolchain={"cc": compilers.cc, "cxx": compilers.cxx, "version": compilers.version},
             artifacts={
-                "device_library": Artifact.of(staging, DEVICE_LIBRARY),
+                **artifacts,
                 "host_library": Artifact.of(staging, host_library),
                 "model": Artifact.of(staging, model_copy),
             },
@@ -114,17 +117,31 @@ def compile_model(
     return CompileResult(output_dir=output_dir, manifest=manifest)
 
 
-def build(imported: ImportedModel, target):
+def build(imported: ImportedModel, target, *, system_lib: bool = False):
     """Run the Relax pipeline (fusion, legalisation, memory planning) and code generation."""
     import tvm
+    from tvm import relax
 
     try:
+        if system_lib:
+            return relax.build(imported.mod, target=target, system_lib=True)
         return tvm.compile(imported.mod, target=target)
     except Exception as exc:
         raise CompileError(
             f"TVM failed to compile {imported.info.path.name} for {target.kind.name}: {_first_line(exc)}",
             "This is a gap in TVM's code generation for this model; please report it with the model attached.",
         ) from exc
+
+
+def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers) -> dict[str, Artifact]:
+    """Write device/model.so with the C API's tensor metadata embedded (and device/model.meta)."""
+    from edgepack import native
+
+    meta = native.model_meta_text(inputs, outputs)
+    (root / DEVICE_LIBRARY).parent.mkdir(parents=True, exist_ok=True)
+    (root / DEVICE_META).write_text(meta)
+    native.export_model_shared(executable, root / DEVICE_LIBRARY, compilers.cxx, meta_text=meta, cc=compilers.cc)
+    return {"device_library": Artifact.of(root, DEVICE_LIBRARY), "device_meta": Artifact.of(root, DEVICE_META)}
 
 
 def export_library(executable, path: Path, compilers: Compilers | None) -> None:
