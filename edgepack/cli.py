@@ -6,12 +6,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from edgepack import __version__
-from edgepack import render
+from edgepack import __version__, render
 from edgepack.errors import EdgepackError
 
 app = typer.Typer(
@@ -25,7 +24,7 @@ app = typer.Typer(
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]
 InputShapeOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--input-shape", "-s", metavar="NAME:D0,D1,...",
                  help="Fix a dynamic input's shape, e.g. x:1,3,224,224. Repeat for several inputs."),
 ]
@@ -91,13 +90,16 @@ def inspect(
 def compile_(
     model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model.")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="Device profile (see `edgepack profiles`).")] = "rpi4",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Build directory [default: build/PROFILE].")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Build directory [default: build/PROFILE].")] = None,
     input_shape: InputShapeOption = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
-    ndk: Annotated[Optional[str], typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
+    ndk: Annotated[str | None, typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
+    bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Compile a model for a device profile into a build directory."""
+    if bundle not in (None, "c"):
+        raise EdgepackError(f"Unknown bundle kind {bundle!r}.", "Use --bundle c (Android comes with `package android`).")
     from edgepack.compiler import compile_model
     from edgepack.importers import parse_input_shapes
 
@@ -105,17 +107,28 @@ def compile_(
     with render.steps(quiet=as_json) as step:
         result = compile_model(model, profile, output, input_shapes=parse_input_shapes(input_shape),
                                force=force, ndk=ndk, progress=step)
+    packaged = None
+    if bundle == "c":
+        from edgepack.bundle import package_c
+
+        with render.steps(quiet=as_json) as step:
+            packaged = package_c(result.output_dir, Path(f"{result.output_dir}-c"), force=force, progress=step)
     if as_json:
-        _print_json({"output_dir": str(result.output_dir)} | result.manifest.to_dict())
+        data = {"output_dir": str(result.output_dir)} | result.manifest.to_dict()
+        if packaged:
+            data["bundle"] = {"output_dir": str(packaged.output_dir)} | packaged.to_dict()
+        _print_json(data)
     else:
         render.compile_summary(result)
+        if packaged:
+            render.bundle_summary(packaged)
 
 
 @app.command()
 def validate(
     build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
-    on: Annotated[str, typer.Option("--on", help="Where to run the build: host.")] = "host",
-    inputs: Annotated[Optional[Path], typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
+    on: Annotated[str, typer.Option("--on", help="Where to run the build: host, emulator (the C runner under qemu-user).")] = "host",
+    inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,
     atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-4,
     rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-3,
@@ -133,6 +146,60 @@ def validate(
         render.validation_report(report)
     if not report.passed:
         raise typer.Exit(1)
+
+
+package_app = typer.Typer(help="Package a build for deployment.", no_args_is_help=True)
+app.add_typer(package_app, name="package")
+
+
+@package_app.command("c")
+def package_c_command(
+    build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory [default: dist/NAME-c].")] = None,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a C bundle: header, libraries (shared and static), CMake/Makefile, example runner. No Python needed on the device."""
+    from edgepack.bundle import package_c
+
+    output = output or Path("dist") / f"{build.resolve().name}-c"
+    with render.steps(quiet=as_json) as step:
+        bundle = package_c(build, output, force=force, progress=step)
+    if as_json:
+        _print_json({"output_dir": str(bundle.output_dir)} | bundle.to_dict())
+    else:
+        render.bundle_summary(bundle)
+
+
+@app.command()
+def run(
+    bundle: Annotated[Path, typer.Argument(help="A C bundle made by `edgepack package c`.")],
+    inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
+    emulate: Annotated[bool, typer.Option("--emulate/--native", help="Run under qemu-user (ARM bundles) or natively.")] = True,
+    static: Annotated[bool, typer.Option("--static", help="Use the single-file static runner.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Save the outputs to this .npz.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a C bundle's example runner on inputs and print (or save) its outputs."""
+    import numpy as np
+
+    from edgepack.bundle import read_bundle, run_bundle
+    from edgepack.validation import load_inputs, random_inputs
+
+    specs = read_bundle(bundle).inputs
+    feeds = load_inputs(inputs, specs) if inputs else random_inputs(specs, seed)
+    result = run_bundle(bundle, feeds, emulate=emulate, static=static)
+    outputs = read_bundle(bundle).outputs
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(output, **{spec.name: array for spec, array in zip(outputs, result.outputs)})
+    if as_json:
+        _print_json({"seconds": result.seconds, "command": result.command, "saved_to": str(output) if output else None,
+                     "outputs": [{"name": s.name, "shape": list(a.shape), "dtype": str(a.dtype),
+                                  "values": a.ravel()[:16].tolist()} for s, a in zip(outputs, result.outputs)]})
+    else:
+        render.run_outputs(outputs, result, output)
 
 
 @app.command()
@@ -159,7 +226,7 @@ def main() -> None:
     except KeyboardInterrupt:
         render.error(EdgepackError("Interrupted.", "Outputs are written atomically; nothing half-done was left."))
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence for the user
+    except Exception as exc:
         if os.environ.get("EDGEPACK_DEBUG"):
             raise
         render.error(EdgepackError(

@@ -293,8 +293,7 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
     real_inputs = [v for v in model.graph.input if v.name not in initializers]
     del model.graph.input[:]
     model.graph.input.extend(real_inputs)
-    if model.ir_version < 4:
-        model.ir_version = 4
+    model.ir_version = max(model.ir_version, 4)
     shapes = {t.name: t.shape for t in inputs}
     for value in model.graph.input:
         if value.name in shapes:

@@ -195,7 +195,7 @@ def _run(cmd: Sequence[str], *, log: Log | None, log_file: Path | None = None, c
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     if log:
         log("$ " + " ".join(str(c) for c in cmd))
-    result = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True)
+    result = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if log_file is not None:
         with log_file.open("a") as f:
             f.write("$ " + " ".join(str(c) for c in cmd) + "\n" + result.stdout + result.stderr)
@@ -224,8 +224,9 @@ def _compiler_identity(cc: str) -> dict[str, str]:
     """What makes two compilers produce different code: resolved path, version and target."""
     path = os.path.realpath(shutil.which(cc) or cc)
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-        machine = subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+        machine = subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True, timeout=30,
+                                 check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = machine = ""
     return {"path": path, "version": (version.splitlines() or [""])[0], "machine": machine.strip()}
@@ -240,11 +241,12 @@ def _sha256(path: Path) -> str:
 
 
 def _sources_digest() -> str:
-    """Our build inputs: editing the CMake file or a compat header must give a new cache entry."""
+    """Our build inputs: editing the CMake file or a compat header must give a new cache entry
+    (documentation and the compat self-test do not)."""
     root = runtimes_dir()
     h = hashlib.sha256()
     for base in (root / "tvm-runtime", root / "tvm-compat"):
-        for path in sorted(p for p in base.rglob("*") if p.is_file()):
+        for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in (".h", ".txt", ".cmake")):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
@@ -444,8 +446,15 @@ def ensure_target_runtime(
         )
     official = prefer_official and triple in OFFICIAL_RUNTIME_WHEELS
 
+    if prefer_official and triple == _HOST_TRIPLE and not need_static and extra_flags is None:
+        return host_runtime()  # the installed wheel is the official runtime for this machine
     if official and not need_static:
-        return _runtime_from_dir(_ensure_official(triple, base, log))
+        try:
+            return _runtime_from_dir(_ensure_official(triple, base, log))
+        except ToolchainError as exc:  # offline, or a download that fails its checksum
+            if log:
+                log(f"{exc.message} Building the runtime from source instead.")
+            official = False
 
     _require_tool(cc, triple)
     _require_tool(cxx, triple)
@@ -459,7 +468,17 @@ def ensure_target_runtime(
     if _is_complete(root, need_static=True):
         return _runtime_from_dir(root)
 
-    official_root = _ensure_official(triple, base, log) if official else None
+    official_root = None
+    if official:
+        try:
+            official_root = _ensure_official(triple, base, log)
+        except ToolchainError as exc:
+            if log:
+                log(f"{exc.message} Building the shared libraries from source instead.")
+            root = base / f"{triple}-{key}-source"  # not the entry an online call would make
+            if _is_complete(root, need_static=True):
+                return _runtime_from_dir(root)
+
     with _locked(base / f".{root.name}.lock"):
         if _is_complete(root, need_static=True):
             return _runtime_from_dir(root)
@@ -469,6 +488,8 @@ def ensure_target_runtime(
         with _staging(root) as tmp, tempfile.TemporaryDirectory(prefix="edgepack-runtime-") as work:
             seconds = _cmake_build(triple, cc, cxx, flags, shared=official_root is None, prefix=tmp,
                                    work=Path(work), log=log)
+            for so in (tmp / "lib").glob("*.so"):
+                so.chmod(0o755)
             libs = {}
             if official_root is not None:
                 for name in _SHARED_NAMES:
@@ -577,7 +598,11 @@ def _meta_c_source(text: str, prefix: str) -> str:
 #ifdef __cplusplus
 extern "C" {{
 #endif
-typedef struct {{ int32_t type_index; uint32_t zero_padding; union {{ int64_t v_int64; const void* v_ptr; }} v; }} edgepack_any;
+typedef struct {{
+  int32_t type_index;
+  uint32_t zero_padding;
+  union {{ int64_t v_int64; const void* v_ptr; }} v;
+}} edgepack_any; /* layout of TVMFFIAny */
 static const char edgepack_meta_text[] = "{literal}";
 __attribute__((visibility("default"))) int {symbol}(void* self, const void* args, int32_t num_args,
                                                    edgepack_any* result) {{
@@ -669,9 +694,11 @@ def export_model_static(
     program start instead of being looked up with dlsym. Symbols are ``__tvm_ffi_<prefix><func>``
     plus ``<prefix>__tvm_ffi__library_bin`` (the VM bytecode and constants); the prefix is the
     IRModule attribute ``system_lib_prefix`` (default ``""``), so two models in one program need
-    different prefixes. Link the archive inside ``-Wl,--whole-archive`` (nothing references it
-    by name) and open it with ``ep_model_open_system_lib(prefix, NULL, &model)``. ``meta_text``
-    (from ``model_meta_text``) is embedded so the program needs no other file.
+    different prefixes (``mod.with_attr("system_lib_prefix", "model_one_")``; TVM 0.27 fails on
+    prefixes shorter than 8 characters, which it stores as a small string). Link the archive
+    inside ``-Wl,--whole-archive`` (nothing references it by name) and open it with
+    ``ep_model_open_system_lib(prefix, NULL, &model)``. ``meta_text`` (from ``model_meta_text``)
+    is embedded so the program needs no other file.
     """
     prefix = system_lib_prefix(executable)
     if prefix is None:
@@ -688,7 +715,10 @@ def export_model_static(
         objects_dir = tmp / "objects"
         objects_dir.mkdir()
         with tarfile.open(tmp / "model.tar") as tar:
-            tar.extractall(objects_dir, filter="data")
+            try:
+                tar.extractall(objects_dir, filter="data")
+            except TypeError:  # Python < 3.11.4 has no extraction filters; TVM wrote this tar
+                tar.extractall(objects_dir)
         objects = sorted(p for p in objects_dir.rglob("*") if p.is_file())
         if meta_text is not None:
             objects.append(_compile_meta_object(meta_text, prefix, tmp / "edgepack_meta.o", cc, cflags, True, log))
@@ -714,19 +744,28 @@ def export_model_shared(
 
     The same as ``executable.export_library(path, fcompile=cross_compiler(cxx))`` plus one small
     object holding ``meta_text``; with the metadata inside, the library is self-contained (it also
-    works from memory with ``ep_model_open_memory``). Executables built with ``system_lib=True``
-    work here too, so one build can give both the shared and the static library.
+    works from memory with ``ep_model_open_memory``).
+
+    The executable must NOT be built with ``system_lib=True``: such a library registers its
+    symbols in TVM's process-wide system-library table when loaded and leaves them dangling when
+    it is closed, so a later ``ep_model_open_system_lib`` in that process would crash. Build the
+    shared and the static library from two builds (``tvm.compile`` and ``relax.build(...,
+    system_lib=True)``).
     """
     from tvm.support import cc as tvm_cc
 
+    if system_lib_prefix(executable) is not None:
+        raise EdgepackError(
+            "This model was built as a system library, which must not be exported as a shared library.",
+            "Export the shared library from a build without system_lib=True (tvm.compile(mod, target)).",
+        )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edgepack-shared-") as tmp_name:
         addons = []
         if meta_text is not None:
             meta_cc = cc or _c_compiler_for(cxx)
-            prefix = system_lib_prefix(executable) or ""
-            addons.append(str(_compile_meta_object(meta_text, prefix, Path(tmp_name) / "edgepack_meta.o", meta_cc,
+            addons.append(str(_compile_meta_object(meta_text, "", Path(tmp_name) / "edgepack_meta.o", meta_cc,
                                                    options, False, log)))
         try:
             executable.export_library(str(out_path), fcompile=tvm_cc.cross_compiler(cxx, options=list(options)),
@@ -792,8 +831,10 @@ def build_c_program(
     else:
         if len(runtime.shared_libs) != 2:
             raise ToolchainError(f"The {runtime.triple} runtime in {runtime.root} has no shared libraries.")
-        paths = list(rpath) if rpath is not None else ["$ORIGIN", str(runtime.lib_dir)]
-        link = ["-L", runtime.lib_dir, "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-lm"]
+        lib_dirs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))  # the host wheel has two
+        paths = list(rpath) if rpath is not None else ["$ORIGIN", *lib_dirs]
+        link = [*(f"-L{d}" for d in lib_dirs), "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
+                "-Wl,--as-needed", "-lm"]
         if paths:
             link.append("-Wl,-rpath," + ":".join(paths))
     if strip:
@@ -829,8 +870,8 @@ def write_c_bundle(
     for sub in ("src", "examples", "lib"):
         (dest / sub).mkdir(parents=True, exist_ok=True)
     shutil.copy2(c_dir / "include" / "edgepack.h", dest / "include" / "edgepack.h")
-    c_api = next(d / "tvm" / "ffi" / "c_api.h" for d in runtime.include_dirs if (d / "tvm" / "ffi" / "c_api.h").is_file())
-    dlpack = next(d / "dlpack" / "dlpack.h" for d in runtime.include_dirs if (d / "dlpack" / "dlpack.h").is_file())
+    c_api = next(p for d in runtime.include_dirs if (p := d / "tvm" / "ffi" / "c_api.h").is_file())
+    dlpack = next(p for d in runtime.include_dirs if (p := d / "dlpack" / "dlpack.h").is_file())
     shutil.copy2(c_api, dest / "include" / "tvm" / "ffi" / "c_api.h")
     shutil.copy2(dlpack, dest / "include" / "dlpack" / "dlpack.h")
     shutil.copy2(c_dir / "src" / "edgepack.c", dest / "src" / "edgepack.c")

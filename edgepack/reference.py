@@ -5,10 +5,9 @@ edgepack's outputs are judged against these, never against itself.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 

@@ -164,3 +164,39 @@ def doctor_table(checks) -> None:
     for c in checks:
         if not c.ok and c.hint:
             console.print(f"[yellow]{c.name}[/]: {c.hint}", highlight=False)
+
+
+def bundle_summary(bundle) -> None:
+    table = Table(title=f"C bundle for {bundle.profile} ({bundle.triple})", title_justify="left")
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_column("")
+    table.add_row("bundle", "", str(bundle.output_dir))
+    model = [f for f in bundle.files if f.role == "model"]
+    runtime = [f for f in bundle.files if f.role == "runtime"]
+    for f in model + runtime:
+        table.add_row(f.role, _size(f.size), f.path)
+    for f in bundle.files:
+        if f.role == "program":
+            table.add_row("runner", _size(f.size), f.path)
+    table.add_row("model total", _size(bundle.bytes_by_role("model")), "")
+    table.add_row("runtime total", _size(bundle.bytes_by_role("runtime")), f"TVM runtime ({bundle.runtime_origin})")
+    console.print(table)
+    console.print(f"Build your program: [bold]cmake -S {bundle.output_dir} -B build-c "
+                  f"-DCMAKE_C_COMPILER=<cross gcc> && cmake --build build-c[/]  (or `make CC=<cross gcc>`)",
+                  highlight=False)
+
+
+def run_outputs(specs, result, saved_to=None) -> None:
+    import numpy as np
+
+    table = Table(title=f"Outputs ({result.seconds:.2f} s)", title_justify="left")
+    for col in ("output", "dtype", "shape", "min", "max", "first values"):
+        table.add_column(col)
+    for spec, array in zip(specs, result.outputs):
+        flat = np.asarray(array).ravel()
+        table.add_row(spec.name, str(array.dtype), _shape(array.shape), f"{flat.min():.4g}" if flat.size else "",
+                      f"{flat.max():.4g}" if flat.size else "", " ".join(f"{v:.4g}" for v in flat[:4]))
+    console.print(table)
+    if saved_to:
+        console.print(f"Saved to {saved_to}")

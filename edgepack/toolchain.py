@@ -65,7 +65,7 @@ def find_compilers(profile: Profile, ndk: str | None = None) -> Compilers:
 
 def tool_version(executable: str) -> str:
     try:
-        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     lines = (out.stdout or out.stderr).strip().splitlines()

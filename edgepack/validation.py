@@ -169,9 +169,13 @@ def validate(
 def runner_for(on: str) -> BuildRunner:
     if on == "host":
         return run_on_host
+    if on == "emulator":
+        from edgepack.bundle import run_on_emulator
+
+        return run_on_emulator
     raise EdgepackError(
         f"Unknown place to validate on: {on!r}.",
-        "Use --on host.",
+        "Use --on host or --on emulator.",
     )
 
 

@@ -19,7 +19,6 @@ import hashlib
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgepack.paths import cache_root  # noqa: E402
+from edgepack.paths import cache_root
 
 MODELS_VERSION = "v1"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgepack.samples import write_mobilenetv2  # noqa: E402
+from edgepack.samples import write_mobilenetv2
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("output", type=Path)

@@ -5,10 +5,10 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import assert_clean_error, run_cli
+
 from edgepack.compiler import compile_model
-from edgepack.errors import OutputExistsError, ProfileError, ToolchainError
+from edgepack.errors import OutputExistsError, ToolchainError
 from edgepack.manifest import read_manifest
 from edgepack.validation import load_inputs, run_on_host, validate
 

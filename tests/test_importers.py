@@ -1,10 +1,9 @@
-from pathlib import Path
 
 import pytest
+from model_factory import onnx_with_unsupported_ops, tflite_with_custom_op
 
 from edgepack.errors import ModelError, ShapeError
 from edgepack.importers import detect_format, import_model, inspect_model, parse_input_shapes
-from model_factory import onnx_with_unsupported_ops, tflite_with_custom_op
 
 
 def test_inspect_reads_real_models(models):

@@ -15,6 +15,7 @@ inventory (``devices.status.json`` beside it) so the file users edit is never re
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -43,6 +44,9 @@ class Device:
     key: str | None = None  # private key file; None: the SSH agent / default keys
     rpc_port: int = DEFAULT_RPC_PORT  # port of the RPC server on the device's loopback
     remote_dir: str = ".edgepack"  # relative to the user's home on the device
+    # the RPC server on the device: "edgepack" (ours, no Python needed), or "python" / "python:/path/to/python"
+    # for TVM's own `python -m tvm.exec.rpc_server` on a device that has TVM's Python package
+    rpc_server: str = "edgepack"
 
     @property
     def address(self) -> str:
@@ -113,6 +117,8 @@ class Inventory:
             for key, value in asdict(device).items():
                 if key == "name" or value is None:
                     continue
+                if key in _OMIT_DEFAULTS and value == _OMIT_DEFAULTS[key]:
+                    continue
                 lines.append(f"{key} = {_toml_value(value)}")
             lines.append("")
         write_text_atomic(self.path, "\n".join(lines))
@@ -137,7 +143,15 @@ class Inventory:
                           json.dumps({k: asdict(v) for k, v in statuses.items()}, indent=2) + "\n")
 
 
+# fields left out of the file when they have their default value (files stay short and readable)
+_OMIT_DEFAULTS = {"remote_dir": ".edgepack", "rpc_server": "edgepack"}
+
+
 def default_inventory_path() -> Path:
+    """``$EDGEPACK_INVENTORY``, else ``$XDG_CONFIG_HOME/edgepack/devices.toml``."""
+    explicit = os.environ.get("EDGEPACK_INVENTORY")
+    if explicit:
+        return Path(explicit).expanduser()
     return config_root() / "devices.toml"
 
 
@@ -157,7 +171,7 @@ def load_inventory(path: Path | None = None) -> Inventory:
         except TypeError as exc:
             raise InventoryError(
                 f"Device {name!r} in {path} is malformed ({exc}).",
-                "Each device needs host, user and profile; optional: port, key, rpc_port, remote_dir.",
+                "Each device needs host, user and profile; optional: port, key, rpc_port, remote_dir, rpc_server.",
             ) from exc
     return inventory
 
