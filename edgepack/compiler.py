@@ -140,7 +140,9 @@ def export_device_library(executable, root: Path, inputs, outputs, compilers: Co
     meta = native.model_meta_text(inputs, outputs)
     (root / DEVICE_LIBRARY).parent.mkdir(parents=True, exist_ok=True)
     (root / DEVICE_META).write_text(meta)
-    native.export_model_shared(executable, root / DEVICE_LIBRARY, compilers.cxx, meta_text=meta, cc=compilers.cc)
+    # -s: the symbol table and debug info are ~40% of the file and the device never needs them
+    native.export_model_shared(executable, root / DEVICE_LIBRARY, compilers.cxx, meta_text=meta, cc=compilers.cc,
+                               options=["-s"])
     return {"device_library": Artifact.of(root, DEVICE_LIBRARY), "device_meta": Artifact.of(root, DEVICE_META)}
 
 
