@@ -179,8 +179,13 @@ def bundle_summary(bundle) -> None:
     for f in bundle.files:
         if f.role == "program":
             table.add_row("runner", _size(f.size), f.path)
-    table.add_row("model total", _size(bundle.bytes_by_role("model")), "")
-    table.add_row("runtime total", _size(bundle.bytes_by_role("runtime")), f"TVM runtime ({bundle.runtime_origin})")
+    sizes = {f.path: f.size for f in bundle.files}
+    model_so = sizes.get("lib/model.so", 0)
+    runtime_so = sum(f.size for f in runtime if f.path.endswith(".so"))
+    table.add_row("on the device", _size(model_so + runtime_so),
+                  f"shared: model {_size(model_so)} + TVM runtime {_size(runtime_so)} ({bundle.runtime_origin})")
+    table.add_row("", _size(sizes.get("bin/edgepack_run_static", 0)),
+                  "static: one executable holding model and runtime")
     console.print(table)
     console.print(f"Build your program: [bold]cmake -S {bundle.output_dir} -B build-c "
                   f"-DCMAKE_C_COMPILER=<cross gcc> && cmake --build build-c[/]  (or `make CC=<cross gcc>`)",
