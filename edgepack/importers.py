@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from edgepack.errors import ModelError, ShapeError
+from edgepack.fileutil import file_sha256
 
 ModelFormat = Literal["onnx", "tflite"]
 Dim = int | str  # a str names a dynamic dimension
@@ -79,14 +79,6 @@ class ImportedModel:
     info: ModelInfo
     mod: Any  # tvm.IRModule
     inputs: tuple[TensorSpec, ...]  # static shapes, in the order of the Relax main function
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def detect_format(path: Path) -> ModelFormat:

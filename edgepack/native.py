@@ -19,7 +19,6 @@ Results are cached under ``<cache>/runtime/<tvm-version>/<triple>-<key>/`` (``li
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.errors import EdgepackError, ToolchainError
+from edgepack.fileutil import file_lock, file_sha256
 from edgepack.paths import cache_root
 
 Log = Callable[[str], None]
@@ -232,14 +232,6 @@ def _compiler_identity(cc: str) -> dict[str, str]:
     return {"path": path, "version": (version.splitlines() or [""])[0], "machine": machine.strip()}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _sources_digest() -> str:
     """Our build inputs: editing the CMake file or a compat header must give a new cache entry
     (documentation and the compat self-test do not)."""
@@ -250,18 +242,6 @@ def _sources_digest() -> str:
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
-
-
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """One build per cache entry at a time, across processes."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextmanager
@@ -323,7 +303,7 @@ def _download_official(triple: str, downloads: Path, log: Log | None) -> list[tu
     found = []
     for wheel in wheels:
         path = downloads / wheel.filename
-        if not path.is_file() or _sha256(path) != wheel.sha256:
+        if not path.is_file() or file_sha256(path) != wheel.sha256:
             if log:
                 log(f"Downloading the official {triple} runtime: {wheel.requirement}")
             with tempfile.TemporaryDirectory(dir=downloads) as tmp:
@@ -341,7 +321,7 @@ def _download_official(triple: str, downloads: Path, log: Log | None) -> list[tu
                         + _tail(result.stdout + result.stderr, 8),
                     )
                 os.replace(got, path)
-        digest = _sha256(path)
+        digest = file_sha256(path)
         if digest != wheel.sha256:
             path.unlink(missing_ok=True)
             raise ToolchainError(
@@ -357,7 +337,7 @@ def _ensure_official(triple: str, base: Path, log: Log | None) -> Path:
     root = base / f"{triple}-official"
     if _is_complete(root, need_static=False):
         return root
-    with _locked(base / f".{root.name}.lock"):
+    with file_lock(base / f".{root.name}.lock"):
         if _is_complete(root, need_static=False):
             return root
         shutil.rmtree(root, ignore_errors=True)
@@ -372,7 +352,7 @@ def _ensure_official(triple: str, base: Path, log: Log | None) -> Path:
                     shutil.copyfileobj(src, dst)
                 (tmp / "lib" / name).chmod(0o755)
                 libs[name] = {"wheel": wheel.filename, "wheel_sha256": wheel.sha256,
-                              "sha256": _sha256(tmp / "lib" / name)}
+                              "sha256": file_sha256(tmp / "lib" / name)}
             _copy_headers(tmp / "include")
             _write_manifest(tmp, triple=triple, origin="official-wheel", libs=libs)
         # the wheels are large (the compiler is inside); only the two libraries are kept
@@ -479,7 +459,7 @@ def ensure_target_runtime(
             if _is_complete(root, need_static=True):
                 return _runtime_from_dir(root)
 
-    with _locked(base / f".{root.name}.lock"):
+    with file_lock(base / f".{root.name}.lock"):
         if _is_complete(root, need_static=True):
             return _runtime_from_dir(root)
         shutil.rmtree(root, ignore_errors=True)
@@ -496,7 +476,7 @@ def ensure_target_runtime(
                     shutil.copy2(official_root / "lib" / name, tmp / "lib" / name)
                 libs = json.loads((official_root / "manifest.json").read_text()).get("libs", {})
             for name in _STATIC_NAMES + (() if official_root else _SHARED_NAMES):
-                libs[name] = {"sha256": _sha256(tmp / "lib" / name)}
+                libs[name] = {"sha256": file_sha256(tmp / "lib" / name)}
             _write_manifest(tmp, triple=triple, origin="official-wheel" if official_root else "built-from-source",
                             cflags=list(flags), cc=key_data["cc"], cxx=key_data["cxx"], key=key,
                             build_seconds=round(seconds, 1), libs=libs)

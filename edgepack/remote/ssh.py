@@ -40,6 +40,7 @@ from typing import IO, Any, NamedTuple, Self
 import paramiko
 
 from edgepack.errors import EdgepackError
+from edgepack.fileutil import file_sha256
 from edgepack.remote.errors import (
     ERROR_TYPES,
     AuthenticationError,
@@ -575,7 +576,7 @@ class SSHSession:
                 st = None
             if st is not None and st.st_size == size:
                 remote_digest = self.remote_sha256(remote_path)
-                same = (remote_digest == _sha256_file(local)) if remote_digest is not None else st.st_mtime == mtime
+                same = (remote_digest == file_sha256(local)) if remote_digest is not None else st.st_mtime == mtime
                 if same:
                     if st.st_mode is not None and (st.st_mode & 0o7777) != mode:
                         sftp.chmod(remote_path, mode)
@@ -625,14 +626,6 @@ class SSHSession:
         finally:
             tmp.unlink(missing_ok=True)
         return local
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _short(text: str, limit: int = 120) -> str:
