@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from edgepack import __version__, render
+from edgepack.cli_devices import bench, device_app, farm_app
 from edgepack.errors import EdgepackError
 
 app = typer.Typer(
@@ -127,7 +128,8 @@ def compile_(
 @app.command()
 def validate(
     build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
-    on: Annotated[str, typer.Option("--on", help="Where to run the build: host, emulator (the C runner under qemu-user).")] = "host",
+    on: Annotated[str, typer.Option("--on", help="Where to run the build: host, emulator (the C runner under qemu-user), a device NAME, or farm:PROFILE.")] = "host",
+    inventory: Annotated[Path | None, typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", help="Device inventory [default: ~/.config/edgepack/devices.toml].")] = None,
     inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,
     atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-4,
@@ -139,7 +141,7 @@ def validate(
 
     with render.steps(quiet=as_json) as step:
         step(f"Running {build} on {on} and the reference")
-        report = run_validation(build, on, inputs=inputs, seed=seed, atol=atol, rtol=rtol)
+        report = run_validation(build, on, inputs=inputs, seed=seed, atol=atol, rtol=rtol, inventory=inventory)
     if as_json:
         _print_json(report.to_dict())
     else:
@@ -147,6 +149,10 @@ def validate(
     if not report.passed:
         raise typer.Exit(1)
 
+
+app.add_typer(device_app, name="device")
+app.add_typer(farm_app, name="farm")
+app.command()(bench)
 
 package_app = typer.Typer(help="Package a build for deployment.", no_args_is_help=True)
 app.add_typer(package_app, name="package")

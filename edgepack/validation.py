@@ -145,11 +145,12 @@ def validate(
     seed: int = 0,
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
+    inventory: Path | str | None = None,
 ) -> ValidationReport:
     """Run the build ``on`` a place (``host``, ...) and compare every output with the reference."""
     build_dir = Path(build_dir)
     manifest = read_manifest(build_dir)
-    runner = runner_for(on)
+    runner = runner_for(on, inventory)
     if inputs is None:
         feeds = random_inputs(manifest.inputs, seed)
     elif isinstance(inputs, dict):
@@ -166,16 +167,32 @@ def validate(
     return ValidationReport(build_dir, on, reference, atol, rtol, comparisons, time.perf_counter() - started)
 
 
-def runner_for(on: str) -> BuildRunner:
+def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
+    """``host``, ``emulator``, a device of the inventory (``NAME``) or the first free device of ``farm:PROFILE``.
+
+    ``inventory`` defaults to ``$EDGEPACK_INVENTORY``, else ``~/.config/edgepack/devices.toml``.
+    """
     if on == "host":
         return run_on_host
     if on == "emulator":
         from edgepack.bundle import run_on_emulator
 
         return run_on_emulator
+    from edgepack.remote.inventory import load_inventory
+
+    devices = load_inventory(Path(inventory) if inventory else None)
+    if on.startswith("farm:") or on in devices.devices:
+        import functools
+
+        from edgepack.remote.farm import run_on_target
+
+        devices.resolve(on)  # an empty farm is a clear error now
+        return functools.partial(run_on_target, target=on, inventory=devices)
+    known = ", ".join(sorted(devices.devices)) or f"none in {devices.path}"
     raise EdgepackError(
         f"Unknown place to validate on: {on!r}.",
-        "Use --on host or --on emulator.",
+        f"Use --on host, --on emulator, a device name (known: {known}) or farm:PROFILE; "
+        "add devices with `edgepack device add`.",
     )
 
 

@@ -47,8 +47,10 @@ import numpy as np
 import paramiko
 
 from edgepack.errors import EdgepackError, ToolchainError
+from edgepack.fileutil import file_lock, file_sha256
 from edgepack.paths import cache_root
 from edgepack.remote.errors import (
+    AuthenticationError,
     DeviceUnreachableError,
     HostKeyError,
     RemoteCommandError,
@@ -82,6 +84,7 @@ PORT_RANGE = 10  # the server takes the first free port in [rpc_port, rpc_port +
 
 DEFAULT_SESSION_TIMEOUT = 900.0  # the device ends an RPC session after this many seconds
 DEFAULT_ATTEMPTS = 3  # tries of an operation whose connection dropped
+DEFAULT_RECONNECT_WINDOW = 30.0  # how long a device that dropped out may take to come back
 DEFAULT_BUSY_TIMEOUT = 120.0  # how long to wait for a device whose server serves someone else
 SERVER_START_TIMEOUT = 90.0  # qemu-emulated devices take a while to load the runtime
 
@@ -249,27 +252,6 @@ def _server_version(source: Path) -> str:
     return "unknown"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> ServerBundle:
     """The runtime + RPC server for ``profile``'s triple, cross-built once and cached.
 
@@ -293,8 +275,8 @@ def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> Server
         raise ToolchainError(f"The {profile.triple} TVM runtime in {runtime.root} lacks {', '.join(missing)}.",
                              "Remove that directory so that edgepack fetches or builds it again.")
     key_data = {
-        "source": _sha256(source),
-        "libs": {name: _sha256(libs[name]) for name in RUNTIME_LIBS},
+        "source": file_sha256(source),
+        "libs": {name: file_sha256(libs[name]) for name in RUNTIME_LIBS},
         "cc": compilers.version,
         "cc_path": os.path.realpath(compilers.cc),
         "cflags": list(runtime.cflags),
@@ -304,7 +286,7 @@ def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> Server
     final = base / f"{profile.triple}-{key}"
     if (final / INSTALL_MANIFEST).is_file():
         return ServerBundle(profile.triple, final, json.loads((final / INSTALL_MANIFEST).read_text()))
-    with _file_lock(base / f".{final.name}.lock"):
+    with file_lock(base / f".{final.name}.lock"):
         if (final / INSTALL_MANIFEST).is_file():
             return ServerBundle(profile.triple, final, json.loads((final / INSTALL_MANIFEST).read_text()))
         _say(log, f"Building the RPC server for {profile.triple}")
@@ -329,7 +311,7 @@ def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> Server
                 "server_version": _server_version(source),
                 "triple": profile.triple,
                 "runtime_origin": runtime.origin,
-                "files": {name: _sha256(staging / name) for name in (*RUNTIME_LIBS, SERVER_PROGRAM)},
+                "files": {name: file_sha256(staging / name) for name in (*RUNTIME_LIBS, SERVER_PROGRAM)},
             }
             (staging / INSTALL_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             staging.chmod(0o755)
@@ -851,7 +833,7 @@ def _open_connection(device: Device, profile: Any, endpoint: SSHEndpoint, *, ses
             raise  # retrying does not help
         except DeviceUnreachableError as exc:
             _close_quietly(session, tunnel)
-            if type(exc).__name__ == "AuthenticationError":
+            if isinstance(exc, AuthenticationError):
                 raise
             last = exc
         except RemoteCommandError as exc:
@@ -922,50 +904,70 @@ def run_remote_op(remote: Any, op: Callable[[Any], T], *, what: str, device_name
                 "The device and its RPC server are up, so this is the model or the runtime failing "
                 "there; check that the build's profile matches the device (`edgepack device check`).",
             ) from None
-        raise _Dropped(message) from None
+        raise _Dropped(_drop_reason(message)) from None
+
+
+def _drop_reason(message: str) -> str:
+    """TVM's words for a dead RPC link, in ours."""
+    lowered = message.lower()
+    if "kshutdown" in lowered or "closed" in lowered or "broken pipe" in lowered or "reset by peer" in lowered \
+            or "eof" in lowered:
+        return "the RPC connection closed unexpectedly"
+    return message
 
 
 def run_with_retries(device: Device, op: Callable[[Any], T], *, what: str, profile: Any = None,
                      known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
+                     reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
                      session_timeout: float = DEFAULT_SESSION_TIMEOUT, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
                      progress: Progress | None = None) -> T:
     """Run ``op(remote)`` in a fresh :func:`rpc_session`; when the connection drops, reconnect and run it again.
 
-    ``op`` gets TVM's ``RPCSession`` and must be repeatable (upload, load, run). A failure while the
-    device and its server stay up is the model's own (:class:`RemoteRunError`, not retried). After
-    ``attempts`` drops, or when the device cannot be reached again, a :class:`ConnectionLostError`
-    says what happened.
+    ``op`` gets TVM's ``RPCSession`` and must be repeatable (upload, load, run). Setting up the first
+    connection is tried ``attempts`` times. After a drop (link lost, device rebooting, server killed)
+    the device gets ``reconnect_window`` seconds to come back, and ``op`` runs again from the start;
+    at most ``attempts`` drops are tolerated. A failure while the device and its server stay up is
+    the model's own (:class:`RemoteRunError`, not retried). Giving up raises a
+    :class:`ConnectionLostError` that says what happened.
     """
     profile = _profile_for(device, profile)
     drops: list[str] = []
-    for attempt in range(1, max(1, attempts) + 1):
+    window_end = 0.0
+    delay = 1.0
+    while True:
         try:
-            remaining = max(1, attempts - attempt + 1)
             with rpc_session(device, profile, known_hosts=known_hosts, session_timeout=session_timeout,
-                             attempts=remaining, busy_timeout=busy_timeout, progress=progress) as conn:
+                             attempts=1 if drops else attempts, busy_timeout=busy_timeout,
+                             progress=progress) as conn:
                 return run_remote_op(conn.remote, op, what=what, device_name=device.name,
                                      session_timeout=session_timeout, healthy=conn.healthy, log_tail=conn.log_tail)
         except _Dropped as exc:
             drops.append(str(exc))
-            _say(progress, f"Lost the connection to {device.name} during {what.lower()} ({attempt}/{attempts})")
-        except ConnectionLostError as exc:
-            drops.append(exc.message)
-        except DeviceUnreachableError as exc:
-            if not drops:
+            if len(drops) >= max(1, attempts):
+                raise ConnectionLostError(
+                    f"The connection to {device.name} dropped {len(drops)} times during {what.lower()}; giving up "
+                    f"(last: {_short(drops[-1], 300)}).",
+                    f"Check the device's network and power, and its RPC server with `edgepack device check "
+                    f"{device.name}`.",
+                ) from None
+            window_end = time.monotonic() + reconnect_window
+            delay = 1.0
+            _say(progress, f"Lost the connection to {device.name} during {what.lower()} ({drops[-1]}); "
+                           f"reconnecting for up to {reconnect_window:g} s")
+        except (DeviceUnreachableError, RemoteCommandError) as exc:
+            if not drops or isinstance(exc, AuthenticationError):
                 raise
-            raise ConnectionLostError(
-                f"{device.name} dropped out during {what.lower()} ({_short(drops[-1], 200)}) and could not be "
-                f"reached again: {exc.message.rstrip('.')}.",
-                f"The device may have rebooted, lost power or left the network. Check it with `edgepack device "
-                f"check {device.name}` and run the command again.",
-            ) from None
-        if attempt < attempts:
-            time.sleep(min(2.0 * attempt, 8.0))
-    raise ConnectionLostError(
-        f"The connection to {device.name} dropped {len(drops)} times during {what.lower()}; giving up "
-        f"(last: {_short(drops[-1] if drops else '?', 300)}).",
-        f"Check the device's network and power, and its RPC server with `edgepack device check {device.name}`.",
-    )
+            if time.monotonic() + delay > window_end:
+                raise ConnectionLostError(
+                    f"{device.name} dropped out during {what.lower()} ({_short(drops[-1], 200)}) and could not be "
+                    f"reached again within {reconnect_window:g} s: {exc.message.rstrip('.')}.",
+                    f"The device may have rebooted, lost power or left the network. Check it with `edgepack device "
+                    f"check {device.name}` and run the command again (--reconnect-window gives a rebooting device "
+                    "more time).",
+                ) from None
+            _say(progress, f"{device.name} is not back yet ({_short(exc.message, 120).rstrip('.')}); retrying")
+        time.sleep(delay)
+        delay = min(delay * 2, 8.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1000,8 +1002,8 @@ def _load_remote(remote: Any, library: Path):
     """Upload the model library into the RPC session's work directory, load it, open a Relax VM on it."""
     from tvm import relax
 
-    name = f"model-{_sha256(library)[:12]}.so"
-    remote.upload(library.read_bytes(), name)
+    name = f"model-{file_sha256(library)[:12]}.so"
+    remote.upload(bytearray(library.read_bytes()), name)
     lib = remote.load_module(name)
     dev = remote.cpu()
     return relax.VirtualMachine(lib, dev), dev
@@ -1061,7 +1063,8 @@ def model_timer(build_dir: Path, manifest, *, repeat: int, number: int, warmup: 
 
 def run_on_device(build_dir: Path, manifest, inputs: dict[str, np.ndarray], device: Device, *,
                   known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
-                  session_timeout: float = DEFAULT_SESSION_TIMEOUT, progress: Progress | None = None) -> list[np.ndarray]:
+                  reconnect_window: float = DEFAULT_RECONNECT_WINDOW, session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+                  progress: Progress | None = None) -> list[np.ndarray]:
     """A :data:`~edgepack.validation.BuildRunner` for a real device: run ``device/model.so`` there.
 
     Uploads the library over RPC, loads it into the device's Relax VM, sends the inputs, runs
@@ -1072,7 +1075,8 @@ def run_on_device(build_dir: Path, manifest, inputs: dict[str, np.ndarray], devi
     check_build_matches(manifest, device, profile)
     op = model_runner(build_dir, manifest, inputs, label=device.name, progress=progress)
     return run_with_retries(device, op, what="Running the model", profile=profile, known_hosts=known_hosts,
-                            attempts=attempts, session_timeout=session_timeout, progress=progress)
+                            attempts=attempts, reconnect_window=reconnect_window, session_timeout=session_timeout,
+                            progress=progress)
 
 
 @dataclass(frozen=True)
@@ -1133,7 +1137,8 @@ class BenchResult:
 
 def bench_on_device(build_dir: Path | str, device: Device, repeat: int = 50, number: int = 1, warmup: int = 1, *,
                     known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
-                    session_timeout: float = DEFAULT_SESSION_TIMEOUT, progress: Progress | None = None) -> BenchResult:
+                    reconnect_window: float = DEFAULT_RECONNECT_WINDOW, session_timeout: float = DEFAULT_SESSION_TIMEOUT,
+                    progress: Progress | None = None) -> BenchResult:
     """Time ``main`` of a build on the device: ``repeat`` samples, each the mean of ``number`` runs.
 
     Inputs are seeded random tensors sent to the device once; ``warmup`` untimed runs come first.
@@ -1149,7 +1154,8 @@ def bench_on_device(build_dir: Path | str, device: Device, repeat: int = 50, num
                      progress=progress)
     started = time.monotonic()
     samples = run_with_retries(device, op, what="Benchmarking", profile=profile, known_hosts=known_hosts,
-                               attempts=attempts, session_timeout=session_timeout, progress=progress)
+                               attempts=attempts, reconnect_window=reconnect_window, session_timeout=session_timeout,
+                               progress=progress)
     return BenchResult(str(build_dir), device.name, profile.name, device.host, repeat, number, warmup,
                        tuple(samples), time.monotonic() - started)
 
@@ -1242,8 +1248,8 @@ def check_device(device: Device, profile: Any = None, *, known_hosts: Path | Non
             return _finish(device, profile, items, found, problem, started)
         if arch not in wanted:
             fail("arch", ArchMismatchError(
-                f"{device.name} is a {arch} machine, but profile {profile.name} builds for {profile.triple} "
-                f"(expects {' or '.join(wanted)}).",
+                f"`uname -m` on {device.name} says {arch}, but its profile {profile.name} builds for "
+                f"{profile.triple} (expects {' or '.join(wanted)}).",
                 f"Fix the device's profile: `edgepack device add {device.name} ... --profile PROFILE --replace` "
                 "with a profile for this CPU (`edgepack profiles`).",
             ))
