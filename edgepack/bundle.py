@@ -34,7 +34,7 @@ from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.importers import TensorSpec, file_sha256, import_model
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.paths import cache_root
-from edgepack.profiles import Profile, get_profile, parse_profile
+from edgepack.profiles import Profile, get_profile, profile_from_dict
 from edgepack.toolchain import Compilers, emulator_command, find_compilers
 
 Progress = Callable[[str], None]
@@ -87,22 +87,6 @@ class CBundle:
         }
 
 
-def profile_of(manifest: BuildManifest) -> Profile:
-    """The profile a build was made for: as recorded, so a later edit of the TOML cannot skew it."""
-    try:
-        return parse_profile(_profile_toml_shape(manifest.profile))
-    except EdgepackError:
-        return get_profile(manifest.profile_name)
-
-
-def _profile_toml_shape(data: dict[str, Any]) -> dict[str, Any]:
-    shaped = {k: v for k, v in data.items() if v is not None and k not in ("emulator",)}
-    if data.get("emulator"):
-        shaped["emulator"] = {"command": data["emulator"]}
-    shaped["toolchain"] = {k: v for k, v in data["toolchain"].items() if v is not None}
-    return shaped
-
-
 def target_runtime(profile: Profile, compilers: Compilers, *, need_static: bool, progress: Progress | None = None):
     from edgepack import native
 
@@ -123,7 +107,7 @@ def package_c(
     say = progress or (lambda _msg: None)
     build_dir, output_dir = Path(build_dir), Path(output_dir)
     manifest = read_manifest(build_dir)
-    profile = profile_of(manifest)
+    profile = profile_from_dict(manifest.profile)
     if profile.backend != "cpu":
         raise EdgepackError(f"C bundles for {profile.backend} profiles are not supported yet.",
                             "Package a build for a CPU profile (rpi3, rpi4, rpi5, android-arm64).")
@@ -264,7 +248,7 @@ def _ensure_dir(path: Path) -> Path:
 
 def run_on_emulator(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """A BuildRunner: the device library, run by the C runner under qemu-user (no Python involved)."""
-    profile = profile_of(manifest)
+    profile = profile_from_dict(manifest.profile)
     prefix = emulator_command(profile)
     runner = _runner_for_profile(profile)
     library = build_dir / manifest.artifacts["device_library"].path

@@ -86,7 +86,8 @@ class Profile:
                 "sysroot": self.toolchain.sysroot,
                 "ndk": self.toolchain.ndk,
             },
-            "emulator": list(self.emulator.command) if self.emulator else None,
+            "emulator": ({"command": list(self.emulator.command), "apt_package": self.emulator.apt_package}
+                         if self.emulator else None),
         }
 
 
@@ -142,6 +143,16 @@ def parse_profile(data: dict[str, Any], source: Path | None = None) -> Profile:
             "Use status = \"supported\" or \"planned\".",
         )
     return profile
+
+
+def profile_from_dict(data: dict[str, Any]) -> Profile:
+    """The inverse of ``Profile.to_dict``: a build records its profile whole, so a later edit of
+    the profile's TOML cannot change what an existing build is packaged or validated for."""
+    shaped = {k: v for k, v in data.items() if v is not None}
+    if isinstance(shaped.get("emulator"), list):  # manifests of edgepack 0.1.0 dev builds
+        shaped["emulator"] = {"command": shaped["emulator"]}
+    shaped["toolchain"] = {k: v for k, v in data["toolchain"].items() if v is not None}
+    return parse_profile(shaped)
 
 
 def load_profile_file(path: Path) -> Profile:

@@ -212,6 +212,7 @@ class TuningProgress:
     eta_s: float | None
     last_task: int | None  # index of the task whose batch just finished
     finished: bool = False
+    current_task: int | None = None  # index of the task being measured now
     message: str = ""
 
 
@@ -881,13 +882,21 @@ def _scheduler_class():
         runs rebuilt from the records. Finished batches are joined (and so recorded) before every pick.
         """
 
-        def __init__(self, plans: list[_TaskPlan], alpha: float = 0.2, window: int = 3, seed: int = 0) -> None:
+        def __init__(self, plans: list[_TaskPlan], on_pick: Callable[[int], None], alpha: float = 0.2,
+                     window: int = 3, seed: int = 0) -> None:
             self.plans = plans
+            self.on_pick = on_pick
             self.alpha = alpha
             self.window = window
             self.rng = random.Random(seed)
 
         def next_task_id(self) -> int:
+            task_id = self._pick()
+            if task_id >= 0:
+                self.on_pick(task_id)
+            return task_id
+
+        def _pick(self) -> int:
             outer = self._outer()
             records = outer.tasks_
             alive = []
@@ -1250,7 +1259,8 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
     for plan in plans:
         plan.tuning = plan in active
 
-    def snapshot(run_trials: int, last: int | None = None, finished: bool = False, message: str = "") -> TuningProgress:
+    def snapshot(run_trials: int, last: int | None = None, finished: bool = False, message: str = "",
+                 current: int | None = None) -> TuningProgress:
         elapsed = time.monotonic() - started
         eta = None
         if not finished and run_trials > 0 and tuning_started is not None:
@@ -1264,7 +1274,7 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
                                      finished=not p.tuning or p.exhausted or p.left <= 0) for p in plans),
             trials=trials_before + run_trials, trials_budget=trials, trials_this_run=run_trials,
             elapsed_s=elapsed, seconds_total=seconds_before + elapsed, time_budget_s=time_budget_s, eta_s=eta,
-            last_task=last, finished=finished, message=message,
+            last_task=last, finished=finished, message=message, current_task=current,
         )
 
     tuning_started: float | None = None
@@ -1338,13 +1348,17 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
                                                         "runs": runs_before, "updated": _now()})
             report(snapshot(run_trials, last=plan.index))
 
+        def on_pick(task_id: int) -> None:
+            if not control.expired() and control.left > 0:
+                report(snapshot(run_trials, current=active[task_id].index))
+
         callbacks = [*MeasureCallback.create("default"), _progress_callback_class()(on_batch)]
         tuning_started = time.monotonic()
         if time_left is not None:
             control.deadline = tuning_started + time_left
         report(snapshot(0))
         say(f"Tuning: up to {remaining} trials" + (f" within {format_duration(time_left)}" if time_left else ""))
-        _scheduler_class()(active, seed=run_seed).tune(
+        _scheduler_class()(active, on_pick, seed=run_seed).tune(
             tasks=contexts,
             task_weights=[float(p.task.weight) for p in active],
             max_trials_global=remaining,

@@ -53,3 +53,10 @@ def test_malformed_profile_names_the_file(tmp_path):
     bad.write_text('name = "bad"\n')
     with pytest.raises(ProfileError, match="malformed"):
         get_profile(str(bad))
+
+
+def test_a_profile_recorded_in_a_manifest_reads_back_the_same():
+    from edgepack.profiles import profile_from_dict
+
+    for profile in list_profiles():
+        assert profile_from_dict(profile.to_dict()) == profile
