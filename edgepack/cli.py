@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from edgepack import __version__, render
+from edgepack.cli_android import package_android_command
 from edgepack.cli_devices import bench, device_app, farm_app
 from edgepack.errors import EdgepackError
 
@@ -175,6 +176,9 @@ def package_c_command(
         _print_json({"output_dir": str(bundle.output_dir)} | bundle.to_dict())
     else:
         render.bundle_summary(bundle)
+
+
+package_app.command("android")(package_android_command)
 
 
 @app.command()

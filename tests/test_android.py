@@ -1,0 +1,647 @@
+"""The Android package without an NDK or a phone: the same Java API and JNI code, compiled for this
+machine (real javac, real JVM, JNI library built against the host TVM runtime), run on real models
+and compared with the reference; the AAR assembled from host libraries and checked structurally;
+the CLI refusing to work without an NDK.
+
+What this cannot check: code built by the NDK, the bionic linker, Gradle, a device (see
+runtimes/android/README.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_clean_error
+
+from edgepack import android, native
+from edgepack.errors import EdgepackError, ToolchainError
+from edgepack.importers import TensorSpec
+from edgepack.manifest import BuildManifest, read_manifest
+from edgepack.reference import run_reference
+from edgepack.validation import compare, random_inputs
+
+PACKAGE = "com.example.vision"
+NDK_VARS = ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT", "TVM_NDK_CC")
+
+
+def _needs(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")
+
+
+def _run(cmd, *, env=None, cwd=None, check=True, timeout=600) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd,
+                            timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def _fake_manifest(inputs, outputs, source="weird-model.onnx") -> BuildManifest:
+    return BuildManifest(
+        model_file="model.onnx", model_format="onnx", model_sha256="ab" * 32, model_source=f"/models/{source}",
+        inputs=tuple(TensorSpec(n, d, s) for n, d, s in inputs), outputs=tuple(TensorSpec(n, d, s) for n, d, s in outputs),
+        profile={"name": "android-arm64"}, target={}, host_target={}, tvm_version="x", tvm_ffi_version="x",
+        edgepack_version="x", toolchain={}, artifacts={}, compile_seconds=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures: the Java stand-ins for android.*, the host JNI library, a tiny real model
+
+
+@pytest.fixture(scope="session")
+def stubs(tmp_path_factory) -> Path:
+    _needs("javac", "java")
+    return android.compile_java(android.android_stub_sources(), tmp_path_factory.mktemp("android-stubs"), werror=True)
+
+
+@pytest.fixture(scope="session")
+def host_runtime():
+    return native.host_runtime()
+
+
+@pytest.fixture(scope="session")
+def wheel_lib_dirs(host_runtime) -> list[str]:
+    return list(dict.fromkeys(str(p.parent) for p in host_runtime.shared_libs))
+
+
+@pytest.fixture(scope="session")
+def host_jni(tmp_path_factory, host_runtime, wheel_lib_dirs) -> Path:
+    """libedgepack_jni.so for this machine, against the x86 wheel's runtime; warnings are errors."""
+    _needs("gcc", "javac")
+    out = tmp_path_factory.mktemp("jni") / android.JNI_LIBRARY
+    return android.build_jni_library(host_runtime, out, "gcc", android.jdk_include_dirs(), werror=True,
+                                     rpath=wheel_lib_dirs)
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory) -> Path:
+    """A small real ONNX model (two inputs, two outputs) compiled for the host profile."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgepack.compiler import compile_model
+
+    d = tmp_path_factory.mktemp("tiny")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "r"], ["y"]),
+             helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3], keepdims=0),
+             helper.make_node("Add", ["m", "b"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(d / "tiny.onnx"))
+    return compile_model(d / "tiny.onnx", "host", d / "build").output_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Java helpers: compile the API + a harness, run it on a real JVM
+
+
+HARNESS_IO = """
+  static ByteBuffer readAll(String path) throws IOException {
+    return ByteBuffer.wrap(Files.readAllBytes(Paths.get(path)));
+  }
+
+  static void fill(Buffer dst, String path) throws IOException {
+    ByteBuffer raw = readAll(path).order(ByteOrder.nativeOrder());
+    if (dst instanceof FloatBuffer) ((FloatBuffer) dst).duplicate().put(raw.asFloatBuffer());
+    else if (dst instanceof IntBuffer) ((IntBuffer) dst).duplicate().put(raw.asIntBuffer());
+    else if (dst instanceof LongBuffer) ((LongBuffer) dst).duplicate().put(raw.asLongBuffer());
+    else if (dst instanceof ShortBuffer) ((ShortBuffer) dst).duplicate().put(raw.asShortBuffer());
+    else if (dst instanceof DoubleBuffer) ((DoubleBuffer) dst).duplicate().put(raw.asDoubleBuffer());
+    else ((ByteBuffer) dst).duplicate().put(raw);
+  }
+
+  static void dump(Buffer src, String path) throws IOException {
+    int elem = src instanceof ByteBuffer ? 1 : src instanceof ShortBuffer ? 2
+        : (src instanceof FloatBuffer || src instanceof IntBuffer) ? 4 : 8;
+    ByteBuffer raw = ByteBuffer.allocate(src.remaining() * elem).order(ByteOrder.nativeOrder());
+    if (src instanceof FloatBuffer) raw.asFloatBuffer().put(((FloatBuffer) src).duplicate());
+    else if (src instanceof IntBuffer) raw.asIntBuffer().put(((IntBuffer) src).duplicate());
+    else if (src instanceof LongBuffer) raw.asLongBuffer().put(((LongBuffer) src).duplicate());
+    else if (src instanceof ShortBuffer) raw.asShortBuffer().put(((ShortBuffer) src).duplicate());
+    else if (src instanceof DoubleBuffer) raw.asDoubleBuffer().put(((DoubleBuffer) src).duplicate());
+    else raw.put(((ByteBuffer) src).duplicate());
+    Files.write(Paths.get(path), raw.array());
+  }
+"""
+
+FAKE_CONTEXT = """
+import android.content.Context;
+import android.content.pm.ApplicationInfo;
+import java.io.File;
+
+/** A host stand-in for an app's Context: where its native libraries and APK are. */
+public class FakeContext extends Context {
+  private final ApplicationInfo info = new ApplicationInfo();
+  private final File cache;
+
+  public FakeContext(String nativeLibraryDir, String apk, String cacheDir) {
+    info.nativeLibraryDir = nativeLibraryDir;
+    info.sourceDir = apk;
+    cache = new File(cacheDir);
+  }
+
+  @Override
+  public ApplicationInfo getApplicationInfo() {
+    return info;
+  }
+
+  @Override
+  public File getCodeCacheDir() {
+    return cache;
+  }
+}
+"""
+
+
+def run_model_harness(manifest: BuildManifest, cls: str) -> str:
+    """RunModel <file|bytes|context> <library|libdir> <dir> [apk cache]: reads dir/in<i>.bin, writes
+    dir/out<i>.bin (run into given buffers) and dir/alt<i>.bin (run returning Outputs)."""
+    inputs, outputs = android.java_tensors(manifest)
+    lines = [f"    {t.buffer_type} {t.ident} = {cls}.{t.allocator}();\n"
+             f"    fill({t.ident}, a[2] + \"/in{t.index}.bin\");" for t in inputs]
+    lines += [f"    {t.buffer_type} {t.ident} = {cls}.{t.allocator}();" for t in outputs]
+    args_in = ", ".join(t.ident for t in inputs)
+    args_all = ", ".join(t.ident for t in (*inputs, *outputs))
+    dumps = "\n".join(f"      dump({t.ident}, a[2] + \"/out{t.index}.bin\");\n"
+                      f"      dump(alt.{t.ident}, a[2] + \"/alt{t.index}.bin\");" for t in outputs)
+    body = "\n".join(lines)
+    return f"""
+import {PACKAGE}.{cls};
+import ai.edgepack.*;
+import java.io.*;
+import java.nio.*;
+import java.nio.file.*;
+
+public class RunModel {{
+{HARNESS_IO}
+  public static void main(String[] a) throws Exception {{
+    {cls} opened;
+    if (a[0].equals("file")) opened = {cls}.load(new File(a[1]));
+    else if (a[0].equals("bytes")) opened = {cls}.load(readAll(a[1]));
+    else opened = {cls}.load(new FakeContext(a[1], a[3], a[4]));
+{body}
+    try ({cls} model = opened) {{
+      model.run({args_all});
+      {cls}.Outputs alt = model.run({args_in});
+{dumps}
+      System.out.println("OK " + model.nativeModel());
+    }}
+  }}
+}}
+"""
+
+
+def compile_api(manifest: BuildManifest, cls: str, out: Path, stubs: Path, extra: dict[str, str] | None = None) -> Path:
+    sources = android.generate_java_sources(manifest, PACKAGE, cls)
+    android.compile_java(sources, out / "api", [stubs], werror=True)
+    harness = {"FakeContext.java": FAKE_CONTEXT, **(extra or {})}
+    return android.compile_java(harness, out / "harness", [out / "api", stubs])
+
+
+def java(classpath: list[Path], main: str, *args, library_path: list[str], extra_props=(), check=True,
+         ld_path: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if ld_path:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*ld_path, env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    env.setdefault("TVM_NUM_THREADS", "2")
+    cmd = ["java", "-Xss4m", f"-Djava.library.path={os.pathsep.join(library_path)}", *extra_props,
+           "-cp", os.pathsep.join(str(p) for p in classpath), main, *args]
+    return _run(cmd, env=env, check=check, timeout=300)
+
+
+def write_inputs(manifest: BuildManifest, d: Path, seed: int) -> dict[str, np.ndarray]:
+    inputs = random_inputs(manifest.inputs, seed=seed)
+    d.mkdir(parents=True, exist_ok=True)
+    for i, spec in enumerate(manifest.inputs):
+        (d / f"in{i}.bin").write_bytes(np.ascontiguousarray(inputs[spec.name]).tobytes())
+    return inputs
+
+
+def read_outputs(manifest: BuildManifest, d: Path, prefix: str) -> list[np.ndarray]:
+    return [np.fromfile(d / f"{prefix}{i}.bin", dtype=np.dtype(spec.dtype)).reshape(spec.shape)
+            for i, spec in enumerate(manifest.outputs)]
+
+
+def check_against_reference(build: Path, manifest: BuildManifest, inputs, d: Path) -> None:
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    for prefix in ("out", "alt"):
+        for spec, a, e in zip(manifest.outputs, read_outputs(manifest, d, prefix), expected):
+            result = compare(spec.name, a, e, 1e-4, 1e-3)
+            assert result.passed, (prefix, result)
+
+
+# ---------------------------------------------------------------------------------------------
+# the generated Java API
+
+
+def test_generated_class_names_types_and_javadoc(stubs, tmp_path):
+    manifest = _fake_manifest(
+        [("input:0", "float32", (1, 3, 8, 8)), ("class", "int64", (2,)), ("1st mask", "uint8", (4,)),
+         ("input_0", "float16", ())],
+        [("scores", "float32", (1, 10)), ("out", "int32", (1,)), ("scores!", "float64", (2, 2))])
+    inputs, outputs = android.java_tensors(manifest)
+    assert [t.ident for t in inputs] == ["input0", "classTensor", "t1stMask", "input02"]
+    assert [t.ident for t in outputs] == ["scores", "out2", "scores2"]  # `out` is a local of the generated code
+    assert [t.constant for t in inputs] == ["INPUT_INPUT_0", "INPUT_CLASS", "INPUT_1ST_MASK", "INPUT_INPUT_02"]
+    assert [t.buffer_type for t in (*inputs, *outputs)] == ["FloatBuffer", "LongBuffer", "ByteBuffer", "ShortBuffer",
+                                                          "FloatBuffer", "IntBuffer", "DoubleBuffer"]
+    assert android.default_class_name(manifest) == "WeirdModel"
+    sources = android.generate_java_sources(manifest, PACKAGE, "WeirdModel")
+    text = sources["com/example/vision/WeirdModel.java"]
+    assert 'new TensorInfo("input:0", DType.FLOAT32, new long[] {1L, 3L, 8L, 8L})' in text
+    assert "public void run(FloatBuffer input0, LongBuffer classTensor, ByteBuffer t1stMask, ShortBuffer input02," in text
+    assert set(sources) >= {"ai/edgepack/NativeModel.java", "ai/edgepack/EdgepackException.java",
+                            "ai/edgepack/AndroidLibraries.java", "ai/edgepack/TensorInfo.java", "ai/edgepack/DType.java"}
+
+    classes = android.compile_java(sources, tmp_path / "classes", [stubs], werror=True)  # -Xlint:all -Werror
+    assert (classes / "com/example/vision/WeirdModel$Outputs.class").is_file()
+    major = int.from_bytes((classes / "ai/edgepack/NativeModel.class").read_bytes()[6:8], "big")
+    assert major == 52  # Java 8 bytecode: what every Android toolchain accepts
+
+    _needs("javadoc")
+    src = tmp_path / "src"
+    for rel, body in sources.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(body)
+    doc = _run(["javadoc", "-Xdoclint:all", "-quiet", "-d", tmp_path / "doc", "-cp", stubs,
+                *sorted(src.rglob("*.java"))], check=False)
+    assert doc.returncode == 0 and "warning" not in doc.stdout + doc.stderr, doc.stdout + doc.stderr
+
+
+def test_bad_java_names_and_dtypes_are_refused():
+    manifest = _fake_manifest([("x", "float32", (1,))], [("y", "float32", (1,))])
+    for bad in ("com.example.class", "1com.example", "", "ai.edgepack.models"):
+        with pytest.raises(EdgepackError):
+            android.generate_java_sources(manifest, bad, "Model")
+    with pytest.raises(EdgepackError, match="class name"):
+        android.generate_java_sources(manifest, PACKAGE, "my-model")
+    with pytest.raises(EdgepackError, match="does not support"):
+        android.java_tensors(_fake_manifest([("x", "complex64", (1,))], [("y", "float32", (1,))]))
+
+
+# ---------------------------------------------------------------------------------------------
+# the JNI layer
+
+
+def test_jni_layer_is_warning_free_for_host_and_arm(host_jni, host_runtime, tmp_path):
+    info = android.read_elf(host_jni)  # built with -Wall -Wextra -Werror by the fixture
+    assert info.machine == android.EM_X86_64 and info.soname == android.JNI_LIBRARY
+    assert {"libtvm_runtime.so", "libtvm_ffi.so"} <= set(info.needed)
+    exported = _run(["nm", "-D", "--defined-only", host_jni]).stdout
+    assert "JNI_OnLoad" in exported and "ep_model_open" in exported and "native_run" not in exported
+    # the same sources for 64- and 32-bit ARM (the Android ABIs), with GCC and with clang (the NDK's
+    # compiler), compile only: jni.h is portable
+    c_dir = native.runtimes_dir() / "c"
+    clang = next((c for c in ("clang", *(f"clang-{v}" for v in range(20, 13, -1))) if shutil.which(c)), None)
+    compilers = [["aarch64-linux-gnu-gcc"], ["arm-linux-gnueabihf-gcc"]]
+    if clang:
+        compilers += [[clang], [clang, "--target=aarch64-linux-gnu"], [clang, "--target=arm-linux-gnueabihf"]]
+    includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *android.jdk_include_dirs())]
+    for n, cc in enumerate(compilers):
+        if shutil.which(cc[0]) is None or (len(cc) > 1 and shutil.which(cc[1].split("=")[1] + "-gcc") is None):
+            continue
+        for src in (android.android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c"):
+            _run([*cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", *includes, "-c", src,
+                  "-o", tmp_path / f"{n}-{src.stem}.o"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Java on the host JVM: errors, then real models against the reference
+
+
+ERRORS_HARNESS = f"""
+import {PACKAGE}.Tiny;
+import ai.edgepack.*;
+import java.io.File;
+import java.nio.*;
+
+public class Errors {{
+  interface Call {{ void run() throws Exception; }}
+
+  static void expect(String key, Call call) throws Exception {{
+    try {{
+      call.run();
+      System.out.println(key + "|NONE|no exception");
+    }} catch (EdgepackException e) {{
+      System.out.println(key + "|" + e.getStatusName() + "|" + e.getMessage());
+    }}
+  }}
+
+  public static void main(String[] a) throws Exception {{
+    final Tiny model = Tiny.load(new File(a[0]));
+    final FloatBuffer x = Tiny.newXBuffer(), b = Tiny.newBBuffer(), y = Tiny.newYBuffer(), z = Tiny.newZBuffer();
+    model.run(x, b, y, z);
+    // heap buffers work too (copied)
+    model.run(FloatBuffer.wrap(new float[48]), FloatBuffer.wrap(new float[3]), FloatBuffer.wrap(new float[48]),
+              FloatBuffer.wrap(new float[3]));
+    System.out.println("ALIGNED|" + (NativeModel.allocate(100).isDirect()) + "|" + model.nativeModel().inputs());
+    expect("small-input", () -> model.run(ByteBuffer.allocateDirect(40).order(ByteOrder.nativeOrder()).asFloatBuffer(), b, y, z));
+    expect("heap-small-input", () -> model.run(FloatBuffer.wrap(new float[5]), b));
+    expect("small-output", () -> model.run(x, b, y, FloatBuffer.allocate(2)));
+    expect("wrong-type", () -> model.nativeModel().run(IntBuffer.allocate(48), b));
+    expect("byte-order", () -> model.nativeModel().run(
+        ByteBuffer.allocateDirect(192).order(ByteOrder.BIG_ENDIAN).asFloatBuffer(), b));
+    expect("unknown-input", () -> model.nativeModel().inputIndex("nope"));
+    expect("bad-index", () -> model.nativeModel().setInput(7, x));
+    expect("missing-file", () -> Tiny.load(new File("/nonexistent/model.so")));
+    expect("not-a-library", () -> Tiny.load(ByteBuffer.wrap(new byte[64])));
+    expect("wrong-model", () -> Tiny.load(new File(a[1])));
+    model.close();
+    model.close(); // idempotent
+    expect("closed-run", () -> model.run(x, b, y, z));
+    expect("closed-output", () -> model.nativeModel().getOutput(0, y));
+    expect("closed-find", () -> model.nativeModel().outputIndex("y"));
+    System.out.println("CLOSED|" + model.nativeModel().isClosed() + "|" + model.nativeModel());
+  }}
+}}
+"""
+
+
+def test_java_errors_carry_the_native_message(tiny_build, stubs, host_jni, wheel_lib_dirs, tmp_path):
+    manifest = read_manifest(tiny_build)
+    classes = compile_api(manifest, "Tiny", tmp_path, stubs, {"Errors.java": ERRORS_HARNESS})
+    result = java([tmp_path / "api", classes, stubs], "Errors", tiny_build / "device" / "model.so",
+                  _library_with_other_names(tiny_build, tmp_path), library_path=[str(host_jni.parent), *wheel_lib_dirs],
+                  ld_path=wheel_lib_dirs)
+    lines = {line.split("|", 1)[0]: line.split("|", 2)[1:] for line in result.stdout.splitlines() if "|" in line}
+    print(result.stdout)
+    assert lines["ALIGNED"][0] == "true"
+    # messages are the C API's own (runtimes/c/src/edgepack.c), status names are its ep_status
+    assert lines["small-input"] == ["EP_ERR_SHAPE", "input 0 'x' needs 192 bytes (float32 [1,3,4,4]), got 40"]
+    assert lines["heap-small-input"] == ["EP_ERR_SHAPE", "input 0 'x' needs 192 bytes (float32 [1,3,4,4]), got 20"]
+    assert lines["small-output"] == ["EP_ERR_INVALID_ARGUMENT", "output 1 'z' needs a 12-byte buffer, got 8"]
+    assert lines["closed-run"] == ["EP_ERR_INVALID_ARGUMENT", "ep_model_set_input: model is NULL, closed or not a model"]
+    assert lines["closed-output"][0] == "EP_ERR_INVALID_ARGUMENT" and "closed" in lines["closed-output"][1]
+    assert lines["closed-find"][0] == "EP_ERR_INVALID_ARGUMENT" and "closed" in lines["closed-find"][1]
+    assert lines["unknown-input"] == ["EP_ERR_NOT_FOUND", "the model has no input named 'nope'"]
+    assert lines["bad-index"] == ["EP_ERR_INDEX", "input index 7 out of range: the model has 2 inputs"]
+    assert lines["missing-file"][0] == "EP_ERR_NOT_FOUND" and "/nonexistent/model.so" in lines["missing-file"][1]
+    assert lines["not-a-library"] == ["EP_ERR_LOAD", "the model library is not an ELF shared library"]
+    assert lines["wrong-model"][0] == "EP_ERR_METADATA" and "does not match Tiny" in lines["wrong-model"][1]
+    # checks made in Java, before any native call, use the same exception type
+    assert lines["wrong-type"][0] == "EP_ERR_DTYPE" and "needs a FloatBuffer" in lines["wrong-type"][1]
+    assert lines["byte-order"][0] == "EP_ERR_INVALID_ARGUMENT" and "BIG_ENDIAN" in lines["byte-order"][1]
+    assert lines["CLOSED"][0] == "true"
+
+
+def _library_with_other_names(tiny_build: Path, tmp_path: Path) -> Path:
+    """The tiny model library with metadata naming its tensors differently (a different model for Tiny)."""
+    import tvm
+
+    from edgepack import compiler
+    from edgepack.importers import import_model
+
+    manifest = read_manifest(tiny_build)
+    imported = import_model(tiny_build / manifest.model_file, None)
+    exe = compiler.build(imported, tvm.target.Target({"kind": "llvm"}))
+    meta = native.model_meta_text([("x", "float32", (1, 3, 4, 4)), ("bias", "float32", (1, 3))],
+                                  [("y", "float32", (1, 3, 4, 4)), ("z", "float32", (1, 3))])
+    return native.export_model_shared(exe, tmp_path / "renamed" / "model.so", "g++", meta_text=meta, cc="gcc")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,cls", [("mobilenetv2", "MobileNetV2"), ("face_detection_short_range", "FaceDetection")])
+def test_real_models_through_java_match_the_reference(models, build_cache, stubs, host_jni, wheel_lib_dirs, tmp_path,
+                                                      name, cls):
+    build = build_cache(models[name], "host")
+    manifest = read_manifest(build)
+    classes = compile_api(manifest, cls, tmp_path, stubs, {"RunModel.java": run_model_harness(manifest, cls)})
+    library = build / manifest.artifacts["device_library"].path  # host profile: C API metadata embedded
+    for mode, seed in (("file", 1), ("bytes", 2)):
+        d = tmp_path / mode
+        inputs = write_inputs(manifest, d, seed)
+        out = java([tmp_path / "api", classes, stubs], "RunModel", mode, library, d,
+                   library_path=[str(host_jni.parent), *wheel_lib_dirs], ld_path=wheel_lib_dirs)
+        assert out.stdout.startswith("OK NativeModel[inputs=["), out.stdout
+        check_against_reference(build, manifest, inputs, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# the AAR, assembled from libraries built here
+
+
+@pytest.fixture(scope="session")
+def aarch64_jni(tmp_path_factory, host_runtime) -> Path | None:
+    """libedgepack_jni.so for AArch64 (glibc cross compiler; TVM symbols left undefined): a real
+    AArch64 shared library to put under arm64-v8a."""
+    if shutil.which("aarch64-linux-gnu-gcc") is None:
+        return None
+    out = tmp_path_factory.mktemp("jni-aarch64") / android.JNI_LIBRARY
+    c_dir = native.runtimes_dir() / "c"
+    includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *android.jdk_include_dirs())]
+    _run(["aarch64-linux-gnu-gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", *includes,
+          android.android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c", "-o", out])
+    return out
+
+
+def test_assemble_aar_checks_the_machine_of_every_library(host_runtime, aarch64_jni, stubs, tmp_path):
+    jar = android.make_jar(stubs, tmp_path / "classes.jar")
+    xml = android.manifest_xml_text(PACKAGE, "tiny")
+    host_lib = host_runtime.shared_libs[0]  # x86-64
+    with pytest.raises(EdgepackError, match=r"x86-64 \(EM_X86_64\), 64-bit; jni/arm64-v8a/ needs AArch64"):
+        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"arm64-v8a": [host_lib]})
+    with pytest.raises(EdgepackError, match="jni/armeabi-v7a/ needs 32-bit ARM"):
+        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"armeabi-v7a": [host_lib]})
+    not_elf = tmp_path / "libnot.so"
+    not_elf.write_text("hello")
+    with pytest.raises(EdgepackError, match="not an ELF file"):
+        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"x86_64": [not_elf]})
+    with pytest.raises(EdgepackError, match="lib\\*.so"):
+        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml,
+                             native_libs={"x86_64": [tmp_path / "classes.jar"]})
+    with pytest.raises(EdgepackError, match="Unknown Android ABI"):
+        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"mips": [host_lib]})
+    assert not (tmp_path / "a.aar").exists()
+
+    libs = {"x86_64": list(host_runtime.shared_libs)}
+    if aarch64_jni is not None:
+        with pytest.raises(EdgepackError, match="AArch64 \\(EM_AARCH64\\), 64-bit; jni/x86_64/ needs x86-64"):
+            android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"x86_64": [aarch64_jni]})
+        libs["arm64-v8a"] = [aarch64_jni]
+    aar = android.assemble_aar(tmp_path / "ok.aar", classes_jar=jar, manifest_xml=xml, native_libs=libs)
+    again = android.assemble_aar(tmp_path / "again.aar", classes_jar=jar, manifest_xml=xml, native_libs=libs)
+    assert aar.read_bytes() == again.read_bytes()  # reproducible
+    with zipfile.ZipFile(aar) as z:
+        names = set(z.namelist())
+        for name in names:
+            if name.startswith("jni/"):
+                abi = name.split("/")[1]
+                data = z.read(name)
+                assert int.from_bytes(data[18:20], "little") == android.ABI_MACHINES[abi][0], name
+
+
+@pytest.mark.slow
+def test_android_package_layout_from_host_libraries(tiny_build, host_runtime, stubs, tmp_path):
+    """The package writer (AAR + Gradle module + README + manifest) fed with host libraries under x86_64
+    (the only place the AAR code accepts them); the classes and libraries of the AAR then run the
+    model on the JVM, found through a Context like on a device (extracted, and inside an APK)."""
+    manifest = read_manifest(tiny_build)
+    sources = android.generate_java_sources(manifest, PACKAGE, "Tiny")
+    classes, _ = android.compile_java_api(sources, tmp_path / "java")
+    jar = android.make_jar(classes, tmp_path / "classes.jar")
+    # a JNI library like the Android one: no RUNPATH, the Java class preloads the runtime libraries
+    jni = android.build_jni_library(host_runtime, tmp_path / "jni" / android.JNI_LIBRARY, "gcc",
+                                    android.jdk_include_dirs(), werror=True, strip=True)
+    libraries = {"x86_64": android.AbiLibraries(jni=jni, runtime=host_runtime.shared_libs,
+                                                model=tiny_build / "device" / "model.so")}
+    out = tmp_path / "dist"
+    out.mkdir()
+    aar, module, files = android.write_android_package(
+        out, manifest=manifest, java_package=PACKAGE, class_name="Tiny", libraries=libraries, classes_jar=jar,
+        sources=sources, runtime_include_dirs=host_runtime.include_dirs)
+
+    # -- the AAR
+    assert aar.name == "edgepack-tiny.aar"
+    with zipfile.ZipFile(aar) as z:
+        names = set(z.namelist())
+        assert {"AndroidManifest.xml", "classes.jar", "R.txt", "proguard.txt", "jni/x86_64/libedgepack_jni.so",
+                "jni/x86_64/libtvm_runtime.so", "jni/x86_64/libtvm_ffi.so",
+                "jni/x86_64/libedgepack_model_tiny.so"} == names
+        xml = z.read("AndroidManifest.xml").decode()
+        assert f'package="{PACKAGE}"' in xml and 'android:minSdkVersion="24"' in xml
+        assert "-keep class ai.edgepack.** { *; }" in z.read("proguard.txt").decode()
+        assert f"-keep class {PACKAGE}.Tiny$* {{ *; }}" in z.read("proguard.txt").decode()
+        for name in names:
+            if name.startswith("jni/"):
+                assert int.from_bytes(z.read(name)[18:20], "little") == android.EM_X86_64, name
+        extracted = tmp_path / "aar"
+        z.extractall(extracted)
+    with zipfile.ZipFile(extracted / "classes.jar") as jarfile:
+        entries = set(jarfile.namelist())
+    assert "META-INF/MANIFEST.MF" in entries and "com/example/vision/Tiny.class" in entries
+    assert "ai/edgepack/NativeModel.class" in entries and not any(e.startswith("android/") for e in entries)
+
+    # -- the Gradle module
+    for rel in ("build.gradle", "consumer-rules.pro", "src/main/AndroidManifest.xml",
+                "src/main/java/ai/edgepack/NativeModel.java", "src/main/java/com/example/vision/Tiny.java",
+                "src/main/cpp/CMakeLists.txt", "src/main/cpp/edgepack_jni.c", "src/main/cpp/edgepack.c",
+                "src/main/cpp/include/edgepack.h", "src/main/cpp/include/tvm/ffi/c_api.h",
+                "src/main/cpp/include/dlpack/dlpack.h", "src/main/cpp/prebuilt/x86_64/libtvm_runtime.so",
+                "src/main/jniLibs/x86_64/libedgepack_model_tiny.so"):
+        assert (module / rel).is_file(), rel
+    gradle = (module / "build.gradle").read_text()
+    assert f"namespace '{PACKAGE}'" in gradle and "abiFilters 'x86_64'" in gradle and "minSdk 24" in gradle
+    assert not (module / "src/main/jniLibs/x86_64/libtvm_runtime.so").exists()  # packaged via CMake IMPORTED
+    # the module's CMakeLists builds the JNI library (here for x86_64 with the host compiler)
+    _needs("cmake")
+    jdk = android.jdk_include_dirs()
+    _run(["cmake", "-S", module / "src/main/cpp", "-B", tmp_path / "cmake", "-DANDROID_ABI=x86_64",
+          "-DCMAKE_C_COMPILER=gcc", f"-DCMAKE_C_FLAGS=-I{jdk[0]} -I{jdk[1]} -Werror"])
+    _run(["cmake", "--build", tmp_path / "cmake"])
+    assert (tmp_path / "cmake" / android.JNI_LIBRARY).is_file()
+
+    readme = (out / "README.md").read_text()
+    assert "implementation files('libs/edgepack-tiny.aar')" in readme and "Tiny.load(context)" in readme
+    listed = {f.path: f for f in files}
+    assert "edgepack-tiny.aar" in listed and hashlib.sha256(aar.read_bytes()).hexdigest() == listed[
+        "edgepack-tiny.aar"].sha256
+
+    # -- run the model from what the AAR holds: classes.jar + jni/x86_64, found through a Context
+    harness = android.compile_java({"FakeContext.java": FAKE_CONTEXT,
+                                    "RunModel.java": run_model_harness(manifest, "Tiny")},
+                                   tmp_path / "harness", [extracted / "classes.jar", stubs])
+    libdir = extracted / "jni" / "x86_64"
+    classpath = [extracted / "classes.jar", harness, stubs]
+    d = tmp_path / "io"
+    inputs = write_inputs(manifest, d, seed=4)
+    # 1. installer extracted the libraries: nativeLibraryDir holds them
+    java(classpath, "RunModel", "context", libdir, d, "/nonexistent.apk", tmp_path / "cache1",
+         library_path=[str(libdir)])
+    check_against_reference(tiny_build, manifest, inputs, d)
+    # 2. libraries left inside the APK (lib/<abi>/, as AGP packages an AAR's jni/<abi>/): extracted once
+    apk = tmp_path / "app.apk"
+    with zipfile.ZipFile(apk, "w") as z:
+        for lib in libdir.iterdir():
+            z.write(lib, f"lib/x86_64/{lib.name}")
+    (tmp_path / "empty").mkdir()
+    for d_run in (tmp_path / "io", tmp_path / "io"):  # the second run reuses the extracted copy
+        java(classpath, "RunModel", "context", tmp_path / "empty", d_run, apk, tmp_path / "cache2",
+             library_path=[str(libdir)], extra_props=["-Dedgepack.stub.abis=arm64-v8a,x86_64"])
+    copies = list((tmp_path / "cache2" / "edgepack").rglob("libedgepack_model_tiny.so"))
+    assert len(copies) == 1
+    check_against_reference(tiny_build, manifest, inputs, d)
+    # 3. not in the app at all: a clear error
+    missing = java(classpath, "RunModel", "context", tmp_path / "empty", d, tmp_path / "classes.jar",
+                   tmp_path / "cache3", library_path=[str(libdir)], check=False)
+    assert missing.returncode != 0
+    assert "EP_ERR_NOT_FOUND" in missing.stderr and "libedgepack_model_tiny.so is neither in" in missing.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# no NDK: refuse, clearly
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`edgepack package android ...` through the real entry point (cli.main), with the command mounted
+    as cli.py mounts it."""
+    code = ("import sys\n"
+            "from edgepack import cli\n"
+            "from edgepack.cli_android import package_android_command\n"
+            "names = [c.name for c in cli.package_app.registered_commands]\n"
+            "if 'android' not in names:\n"
+            "    cli.package_app.command('android')(package_android_command)\n"
+            "sys.argv = ['edgepack', *sys.argv[1:]]\n"
+            "cli.main()\n")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+
+
+def _env_without_ndk(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in NDK_VARS}
+    return {**env, "COLUMNS": "1000", **extra}
+
+
+def test_cli_refuses_without_an_ndk(tiny_build, tmp_path):
+    out = tmp_path / "dist"
+    result = _cli("package", "android", str(tiny_build), "-o", str(out), "--package", PACKAGE, env=_env_without_ndk())
+    assert_clean_error(result, "needs the Android NDK", "--ndk is missing", "ANDROID_NDK_HOME", "TVM_NDK_CC",
+                       "never puts a non-Android library into an AAR", "--ndk /path/to/android-ndk")
+    assert not out.exists()
+
+    result = _cli("package", "android", str(tiny_build), "-o", str(out), "--package", PACKAGE,
+                  "--ndk", str(tmp_path / "no-ndk"), env=_env_without_ndk())
+    assert_clean_error(result, "No NDK clang (aarch64-linux-android24-clang++) was found under", "no-ndk")
+
+    # an "NDK" whose clang exists cannot make a host build Android: refused before any build
+    bin_dir = tmp_path / "fake-ndk" / "toolchains" / "llvm" / "prebuilt" / "linux-x86_64" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("aarch64-linux-android24-clang", "aarch64-linux-android24-clang++"):
+        (bin_dir / name).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / name).chmod(0o755)
+    result = _cli("package", "android", str(tiny_build), "-o", str(out), "--package", PACKAGE,
+                  env=_env_without_ndk(ANDROID_NDK_HOME=str(tmp_path / "fake-ndk")))
+    assert_clean_error(result, "was compiled for host (x86_64-linux-gnu), not for Android", "--profile android-arm64")
+    assert not out.exists()
+
+    result = _cli("package", "android", str(tiny_build), "-o", str(out), "--package", "com.example.class",
+                  env=_env_without_ndk())
+    assert_clean_error(result, "not a valid Java package name")
+
+
+def test_library_refuses_without_an_ndk(tiny_build, tmp_path, monkeypatch):
+    for var in NDK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ToolchainError) as info:
+        android.package_android(tiny_build, tmp_path / "dist", java_package=PACKAGE)
+    assert "needs the Android NDK" in info.value.message and "ANDROID_NDK_HOME" in info.value.hint
+    with pytest.raises(EdgepackError, match="Unknown or missing Android ABI"):
+        android.package_android(tiny_build, tmp_path / "dist", java_package=PACKAGE, abis=("mips",))
+    assert not (tmp_path / "dist").exists()
+    json.dumps(android.ABIS["arm64-v8a"].tvm_target)  # plain data
