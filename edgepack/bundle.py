@@ -8,6 +8,7 @@
       examples/main.c         a runner: loads the model, runs it on .npy inputs, writes .npy outputs
       bin/edgepack_run        that runner built against the shared libraries (RUNPATH $ORIGIN/../lib)
       bin/edgepack_run_static the runner with model and runtime linked in: one self-contained file
+                              (CPU profiles; OpenCL bundles add lib/libtvm_opencl.so, shared only so far)
       CMakeLists.txt, Makefile
       manifest.json           every file with its size and sha256, the model's inputs and outputs
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -108,28 +110,40 @@ def package_c(
     build_dir, output_dir = Path(build_dir), Path(output_dir)
     manifest = read_manifest(build_dir)
     profile = profile_from_dict(manifest.profile)
-    if profile.backend != "cpu":
+    if profile.backend not in ("cpu", "opencl"):
         raise EdgepackError(f"C bundles for {profile.backend} profiles are not supported yet.",
-                            "Package a build for a CPU profile (rpi3, rpi4, rpi5, android-arm64).")
+                            "Package a build for a CPU or OpenCL profile (rpi4, rpi3, android-arm64, mali-g610).")
+    gpu = profile.backend == "opencl"
     check_output_dir(output_dir, force)
     compilers = find_compilers(profile)
     say(f"Preparing the TVM runtime for {profile.triple}")
-    runtime = target_runtime(profile, compilers, need_static=True, progress=say)
+    runtime = target_runtime(profile, compilers, need_static=not gpu, progress=say)
     meta = (build_dir / manifest.artifacts["device_meta"].path).read_text()
 
     with atomic_directory(output_dir, force=force) as staging, tempfile.TemporaryDirectory() as tmp:
-        say("Building the static model library (system library)")
-        imported = import_model(build_dir / manifest.model_file, {t.name: tuple(t.shape) for t in manifest.inputs})
-        system_exe = compiler.build(imported, profile.tvm_target(), system_lib=True)
-        static_lib = native.export_model_static(system_exe, Path(tmp) / "libmodel.a", compilers.cc, meta_text=meta)
+        static_lib = None
+        if not gpu:  # the static (system library) variant of GPU builds is not supported yet
+            say("Building the static model library (system library)")
+            imported = import_model(build_dir / manifest.model_file,
+                                    {t.name: tuple(t.shape) for t in manifest.inputs})
+            system_exe = compiler.build(imported, profile.tvm_target(), system_lib=True)
+            static_lib = native.export_model_static(system_exe, Path(tmp) / "libmodel.a", compilers.cc,
+                                                    meta_text=meta)
 
         say("Writing the bundle")
         native.write_c_bundle(staging, runtime, model_shared=build_dir / manifest.artifacts["device_library"].path,
                               model_static=static_lib, meta_text=meta)
-        say("Building the example runner (shared and static)")
+        if gpu:
+            from edgepack import opencl
+
+            say("Adding the OpenCL runtime module")
+            for rel, source in opencl.bundle_files(profile.triple, compilers.cc, compilers.cxx, log=say).items():
+                shutil.copy2(source, staging / rel)
+        say("Building the example runner")
         native.build_c_program(runtime, staging / RUNNER, cc=compilers.cc, rpath=["$ORIGIN/../lib"], strip=True)
-        native.build_c_program(runtime, staging / STATIC_RUNNER, cc=compilers.cc, static=True,
-                               model_archive=staging / "lib" / "libmodel.a", strip=True)
+        if static_lib is not None:
+            native.build_c_program(runtime, staging / STATIC_RUNNER, cc=compilers.cc, static=True,
+                                   model_archive=staging / "lib" / "libmodel.a", strip=True)
         files = tuple(_describe(staging, p) for p in sorted(staging.rglob("*")) if p.is_file())
         bundle = CBundle(output_dir, profile.name, profile.triple, runtime.origin, manifest.inputs,
                          manifest.outputs, files)
@@ -142,7 +156,7 @@ def _describe(root: Path, path: Path) -> BundleFile:
     name = path.name
     if name in ("model.so", "model.meta", "libmodel.a"):
         role = "model"
-    elif name.startswith("libtvm"):
+    elif name.startswith("libtvm"):  # libtvm_runtime, libtvm_ffi, libtvm_opencl
         role = "runtime"
     elif rel.startswith("bin/"):
         role = "program"

@@ -59,8 +59,13 @@ def compile_model(
     force: bool = False,
     ndk: str | None = None,
     progress: Progress | None = None,
+    tuning: Path | str | None = None,
 ) -> CompileResult:
-    """Compile ``model`` for ``profile`` into ``output_dir`` (see the module docstring)."""
+    """Compile ``model`` for ``profile`` into ``output_dir`` (see the module docstring).
+
+    ``tuning``: a tuning directory (``edgepack tune``) whose best records are applied to the device
+    build; it must have been made for this model, input shapes and target.
+    """
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     model, output_dir = Path(model), Path(output_dir)
@@ -72,17 +77,38 @@ def compile_model(
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes)
     outputs = output_specs(imported)
+    # --- tuning (edgepack.tuning): checked before any build, applied to the device build only ---
+    tuned = None
+    if tuning is not None:
+        from edgepack.tuning import apply_tuning
+
+        say(f"Reading the tuning records in {tuning}")
+        tuned = apply_tuning(imported, profile.tvm_target(), tuning)
+    # ---
 
     with atomic_directory(output_dir, force=force) as staging:
-        say(f"Building for {profile.name} ({profile.triple})")
+        say(f"Building for {profile.name} ({profile.triple})"
+            + (f" with tuned kernels ({tuned.tuned_tasks}/{tuned.total_tasks})" if tuned else ""))
         device_target = profile.tvm_target()
-        device_exe = build(imported, device_target)
+        gpu_report = None
+        if profile.backend == "opencl":
+            device_exe, gpu_report = build_gpu(imported, device_target,
+                                               relax_pipeline=tuned.relax_pipeline if tuned else None)
+        else:
+            device_exe = build(imported, device_target, relax_pipeline=tuned.relax_pipeline if tuned else None)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
         artifacts = export_device_library(device_exe, staging, imported.inputs, outputs, compilers)
 
         if profile.is_host:
             host_library = DEVICE_LIBRARY
             host_target = device_target
+        elif gpu_report is not None:
+            say("Building for this machine: x86 host code + the same OpenCL kernels (validate --on host-opencl)")
+            host_target = gpu_host_target(profile)
+            host_exe, _ = build_gpu(imported, host_target)
+            export_library(host_exe, staging / HOST_LIBRARY, None)
+            host_library = HOST_LIBRARY
+            artifacts.update(_gpu_artifacts(staging, device_exe, gpu_report))
         else:
             say("Building for this machine (host validation)")
             host_target = _tvm_target(HOST_TARGET)
@@ -112,25 +138,56 @@ def compile_model(
                 "model": Artifact.of(staging, model_copy),
             },
             compile_seconds=round(time.perf_counter() - started, 2),
+            tuning=str(Path(tuning).resolve()) if tuning is not None else None,
+            extra={"opencl": gpu_report.to_dict()} if gpu_report is not None else {},
         )
         manifest.write(staging)
     return CompileResult(output_dir=output_dir, manifest=manifest)
 
 
-def build(imported: ImportedModel, target, *, system_lib: bool = False):
-    """Run the Relax pipeline (fusion, legalisation, memory planning) and code generation."""
+def build(imported: ImportedModel, target, *, system_lib: bool = False, relax_pipeline=None):
+    """Run the Relax pipeline (fusion, legalisation, memory planning) and code generation.
+
+    ``relax_pipeline``: another Relax pipeline than TVM's default (e.g. one applying tuning records).
+    """
     import tvm
     from tvm import relax
 
+    pipeline = relax_pipeline if relax_pipeline is not None else "default"
     try:
         if system_lib:
-            return relax.build(imported.mod, target=target, system_lib=True)
-        return tvm.compile(imported.mod, target=target)
+            return relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline)
+        return tvm.compile(imported.mod, target=target, relax_pipeline=pipeline)
     except Exception as exc:
         raise CompileError(
             f"TVM failed to compile {imported.info.path.name} for {target.kind.name}: {_first_line(exc)}",
             "This is a gap in TVM's code generation for this model; please report it with the model attached.",
         ) from exc
+
+
+# --- OpenCL (mobile GPU) profiles: the work is in edgepack.opencl --------------------------------
+
+
+def build_gpu(imported: ImportedModel, target, *, relax_pipeline=None):
+    """``build`` for an OpenCL target: TVM's default GPU pipeline (the target's dlight rules),
+    returning ``(executable, opencl.GpuReport)``; CompileError names functions without a GPU schedule."""
+    from edgepack import opencl
+
+    return opencl.build_gpu(imported, target, relax_pipeline=relax_pipeline)
+
+
+def gpu_host_target(profile: Profile):
+    """The profile's OpenCL target with this machine as its host (host/model.so, for host-opencl)."""
+    import tvm
+
+    return tvm.target.Target(profile.target, host=HOST_TARGET)
+
+
+def _gpu_artifacts(root: Path, executable, report) -> dict[str, Artifact]:
+    from edgepack import opencl
+
+    written = opencl.write_kernel_files(root, executable, report)
+    return {name: Artifact.of(root, rel) for name, rel in written.items()}
 
 
 def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers) -> dict[str, Artifact]:

@@ -62,6 +62,13 @@ def _binfmt() -> Check:
                  "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && update-binfmts --enable qemu-aarch64")
 
 
+def _opencl() -> Check:
+    from edgepack.opencl import host_opencl_status
+
+    ok, found, hint = host_opencl_status()
+    return Check("OpenCL device", ok, found, "validate --on host-opencl (GPU profiles)", "" if ok else hint)
+
+
 def _ndk() -> Check:
     try:
         compilers = find_compilers(get_profile("android-arm64"))
@@ -88,6 +95,6 @@ def run_checks() -> list[Check]:
     for qemu in dict.fromkeys(p.emulator.command[0] for p in emulated):
         users = [p for p in emulated if p.emulator.command[0] == qemu]
         checks.append(_tool(qemu, "runs " + ", ".join(p.name for p in users), users[0].emulator.apt_package))
-    checks += [_binfmt(), _tool("cmake", "C bundles", "cmake"),
+    checks += [_binfmt(), _opencl(), _tool("cmake", "C bundles", "cmake"),
                _tool("javac", "Java/JNI bindings", "openjdk-17-jdk-headless"), _ndk()]
     return checks

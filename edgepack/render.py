@@ -128,6 +128,11 @@ def compile_summary(result) -> None:
         table.add_row("output", f"{spec.name} {spec.dtype} {_shape(spec.shape)}")
     for key, art in m.artifacts.items():
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
+    if m.extra.get("opencl"):
+        from edgepack.opencl import summary_lines
+
+        for line in summary_lines(m.extra["opencl"]):
+            table.add_row("gpu", line)
     table.add_row("toolchain", m.toolchain["version"])
     table.add_row("TVM", m.tvm_version)
     table.add_row("time", f"{m.compile_seconds:.1f} s")
@@ -184,8 +189,8 @@ def bundle_summary(bundle) -> None:
     runtime_so = sum(f.size for f in runtime if f.path.endswith(".so"))
     table.add_row("on the device", _size(model_so + runtime_so),
                   f"shared: model {_size(model_so)} + TVM runtime {_size(runtime_so)} ({bundle.runtime_origin})")
-    table.add_row("", _size(sizes.get("bin/edgepack_run_static", 0)),
-                  "static: one executable holding model and runtime")
+    if "bin/edgepack_run_static" in sizes:
+        table.add_row("", _size(sizes["bin/edgepack_run_static"]), "static: one executable holding model and runtime")
     console.print(table)
     console.print(f"Build your program: [bold]cmake -S {bundle.output_dir} -B build-c "
                   f"-DCMAKE_C_COMPILER=<cross gcc> && cmake --build build-c[/]  (or `make CC=<cross gcc>`)",

@@ -168,7 +168,8 @@ def validate(
 
 
 def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
-    """``host``, ``emulator``, a device of the inventory (``NAME``) or the first free device of ``farm:PROFILE``.
+    """``host``, ``emulator``, ``host-opencl`` (OpenCL builds), a device of the inventory (``NAME``) or the
+    first free device of ``farm:PROFILE``.
 
     ``inventory`` defaults to ``$EDGEPACK_INVENTORY``, else ``~/.config/edgepack/devices.toml``.
     """
@@ -178,6 +179,10 @@ def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
         from edgepack.bundle import run_on_emulator
 
         return run_on_emulator
+    if on == "host-opencl":  # OpenCL builds: x86 host code + the kernels, on this machine's OpenCL device
+        from edgepack.opencl import run_on_host_opencl
+
+        return run_on_host_opencl
     from edgepack.remote.inventory import load_inventory
 
     devices = load_inventory(Path(inventory) if inventory else None)
@@ -191,16 +196,21 @@ def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
     known = ", ".join(sorted(devices.devices)) or f"none in {devices.path}"
     raise EdgepackError(
         f"Unknown place to validate on: {on!r}.",
-        f"Use --on host, --on emulator, a device name (known: {known}) or farm:PROFILE; "
+        f"Use --on host, --on emulator, --on host-opencl (GPU builds), a device name (known: {known}) "
+        "or farm:PROFILE; "
         "add devices with `edgepack device add`.",
     )
 
 
 def run_on_host(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run the host build of the model in TVM's Relax VM."""
+    """Run the host build of the model in TVM's Relax VM (GPU builds: on this machine's OpenCL)."""
     import tvm
     from tvm import relax
 
+    if manifest.profile.get("backend") == "opencl":
+        from edgepack.opencl import run_on_host_opencl
+
+        return run_on_host_opencl(build_dir, manifest, inputs)
     library = build_dir / manifest.artifacts["host_library"].path
     with quiet_native_stderr():
         executable = tvm.runtime.load_module(str(library))

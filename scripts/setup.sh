@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install everything edgepack needs on a Debian/Ubuntu machine. Idempotent: a second run is quick.
-#   cross compilers (aarch64, armv7), qemu-user, cmake, sshd + iproute2 (the device farm), a JDK (JNI bindings);
+#   cross compilers (aarch64, armv7), qemu-user, cmake, sshd + iproute2 (the device farm), a JDK (JNI bindings),
+#   PoCL (OpenCL on this CPU, for GPU profiles);
 #   edgepack itself (editable) with its test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(g++-aarch64-linux-gnu g++-arm-linux-gnueabihf qemu-user qemu-user-static binfmt-support
-              cmake make file openssh-server iproute2 openjdk-17-jdk-headless)
+              cmake make file openssh-server iproute2 openjdk-17-jdk-headless
+              pocl-opencl-icd ocl-icd-libopencl1 opencl-headers clinfo)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
 
-from edgepack.bundle import package_c, run_bundle
+from edgepack.bundle import package_c, read_bundle, run_bundle
 from edgepack.manifest import read_manifest
 from edgepack.reference import run_reference
 from edgepack.validation import compare, random_inputs, validate
@@ -147,3 +147,19 @@ def test_wrong_architecture_library_is_a_readable_error(models, build_cache, tmp
     result = run_cli("validate", str(broken), "--on", "emulator")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "edgepack_run failed" in " ".join(result.stderr.split())
+
+
+@pytest.mark.slow
+def test_opencl_bundle_carries_the_runtime_module(models, tmp_path):
+    """A mali-g610 build packaged for the device: the OpenCL plug-in (aarch64) rides along, shared only."""
+    from edgepack.compiler import compile_model
+
+    build = compile_model(models["ppocr_cls"].path, "mali-g610", tmp_path / "mali",
+                          input_shapes=models["ppocr_cls"].input_shapes).output_dir
+    bundle = package_c(build, tmp_path / "mali-c")
+    plugin = (bundle.output_dir / "lib" / "libtvm_opencl.so").read_bytes()
+    assert int.from_bytes(plugin[18:20], "little") == 0xB7
+    roles = {f.path: f.role for f in bundle.files}
+    assert roles["lib/libtvm_opencl.so"] == "runtime" and roles["lib/model.so"] == "model"
+    assert "bin/edgepack_run" in roles and "bin/edgepack_run_static" not in roles
+    assert read_bundle(bundle.output_dir).profile == "mali-g610"

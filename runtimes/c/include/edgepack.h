@@ -173,6 +173,24 @@ EP_API ep_status ep_model_open_system_lib(const char* prefix, const char* meta_t
 /** Release a model and set *model to NULL. NULL and *model == NULL are accepted (EP_OK). */
 EP_API ep_status ep_model_close(ep_model** model);
 
+/* ---- GPU models (OpenCL) ----------------------------------------------------------------- */
+
+/**
+ * Load a TVM runtime plug-in into this process, e.g. edgepack's OpenCL runtime
+ * (lib/libtvm_opencl.so of a C bundle for mali-g610 / adreno-6xx). Models compiled for an OpenCL
+ * GPU need it loaded before they are opened. Loading the same file again is harmless; a plug-in
+ * is never unloaded.
+ *
+ * ep_model_open() does this by itself: when no OpenCL runtime is registered yet it loads
+ * $EDGEPACK_OPENCL_PLUGIN if set, else libtvm_opencl.so from the model library's directory (if
+ * present). Programs linked statically with libtvm_opencl.a (-Wl,--whole-archive) need nothing.
+ * A model that runs OpenCL kernels is then run on OpenCL device 0 (the first GPU of the driver;
+ * see runtimes/opencl/README.md for EDGEPACK_OPENCL_* settings): inputs are copied to the device
+ * and outputs back to CPU memory by ep_model_run(), so the rest of this API is unchanged.
+ * Errors: EP_ERR_LOAD with the dynamic loader's message.
+ */
+EP_API ep_status ep_load_plugin(const char* path);
+
 /* ---- introspection ----------------------------------------------------------------------- */
 
 EP_API ep_status ep_model_num_inputs(const ep_model* model, int* out_count);

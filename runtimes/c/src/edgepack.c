@@ -17,6 +17,7 @@
 
 #include <tvm/ffi/c_api.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -182,6 +183,8 @@ struct ep_model {
   ep_input_slot* slots;
   TVMFFIObjectHandle* out_tensors; /* outputs of the last successful run (owned refs) */
   int has_run;
+  int device_type; /* where the VM runs: kDLCPU, or kDLOpenCL for GPU models */
+  int device_id;
 };
 
 static int ep_model_valid(const ep_model* m) { return m != NULL && m->magic == EP_MODEL_MAGIC; }
@@ -577,6 +580,116 @@ static ep_status ep_embedded_meta(TVMFFIObjectHandle exec, const char** out_text
 /* ---------------------------------------------------------------------------------------- */
 /* open / close                                                                               */
 
+/* ---- GPU models: edgepack's OpenCL runtime plug-in (runtimes/opencl) ------------------- */
+
+#define EP_OPENCL_PLUGIN "libtvm_opencl.so"
+#define EP_OPENCL_LOADER "ffi.Module.load_from_bytes.opencl"
+
+ep_status ep_load_plugin(const char* path) {
+  void* handle;
+  if (path == NULL || path[0] == '\0') {
+    return ep_fail(EP_ERR_INVALID_ARGUMENT, "ep_load_plugin: path is NULL or empty");
+  }
+  /* RTLD_GLOBAL: the plug-in's static initialisers register its functions with tvm-ffi */
+  handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (handle == NULL) {
+    const char* why = dlerror();
+    return ep_fail(EP_ERR_LOAD, "cannot load the plug-in %s: %s", path, why ? why : "unknown error");
+  }
+  return EP_OK; /* never dlclose()d: TVM keeps pointers to what it registered */
+}
+
+static int ep_global_exists(const char* name) {
+  TVMFFIObjectHandle f = NULL;
+  TVMFFIByteArray bytes;
+  bytes.data = name;
+  bytes.size = strlen(name);
+  if (TVMFFIFunctionGetGlobal(&bytes, &f) != 0) {
+    TVMFFIObjectHandle err = NULL;
+    TVMFFIErrorMoveFromRaised(&err);
+    if (err != NULL) TVMFFIObjectDecRef(err);
+    return 0;
+  }
+  if (f == NULL) return 0;
+  ep_release(&f);
+  return 1;
+}
+
+/* Before opening a model file: make the OpenCL runtime available if it is not yet, from
+ * $EDGEPACK_OPENCL_PLUGIN or from the model's directory (a C bundle keeps lib/model.so next to
+ * lib/libtvm_opencl.so). No plug-in found is fine: CPU models do not need one. */
+static ep_status ep_autoload_plugins(const char* model_path) {
+  const char* env = getenv("EDGEPACK_OPENCL_PLUGIN");
+  const char* slash;
+  char* candidate;
+  size_t dir_len;
+  ep_status st = EP_OK;
+  if (ep_global_exists(EP_OPENCL_LOADER)) return EP_OK;
+  if (env != NULL && env[0] != '\0') return ep_load_plugin(env);
+  if (model_path == NULL) return EP_OK;
+  slash = strrchr(model_path, '/');
+  dir_len = slash == NULL ? 0 : (size_t)(slash - model_path) + 1;
+  candidate = (char*)malloc(dir_len + sizeof(EP_OPENCL_PLUGIN) + 2);
+  if (candidate == NULL) return ep_fail(EP_ERR_NO_MEMORY, "out of memory");
+  if (dir_len == 0) {
+    strcpy(candidate, "./");
+  } else {
+    memcpy(candidate, model_path, dir_len);
+    candidate[dir_len] = '\0';
+  }
+  strcat(candidate, EP_OPENCL_PLUGIN);
+  if (access(candidate, R_OK) == 0) st = ep_load_plugin(candidate);
+  free(candidate);
+  return st;
+}
+
+/* After a failed load: say what is missing when the model needs the OpenCL runtime. */
+static ep_status ep_explain_missing_plugin(ep_status st) {
+  if (st != EP_OK && strstr(ep_error_buf, EP_OPENCL_LOADER) != NULL) {
+    size_t n = strlen(ep_error_buf);
+    snprintf(ep_error_buf + n, sizeof(ep_error_buf) - n,
+             " -- this model runs on an OpenCL GPU: put edgepack's OpenCL runtime (" EP_OPENCL_PLUGIN
+             ") next to the model library, set EDGEPACK_OPENCL_PLUGIN, or call ep_load_plugin()");
+  }
+  return st;
+}
+
+/* Whether the executable runs OpenCL kernels (asks the plug-in; without it: no). */
+static ep_status ep_pick_device(ep_model* m) {
+  TVMFFIAny args[1];
+  TVMFFIAny res;
+  ep_status st;
+  m->device_type = kDLCPU;
+  m->device_id = 0;
+  if (!ep_global_exists("edgepack.opencl.uses_opencl")) return EP_OK;
+  args[0] = ep_any_obj(m->exec);
+  st = ep_call_global("edgepack.opencl.uses_opencl", args, 1, &res, EP_ERR_LOAD);
+  if (st != EP_OK) return st;
+  if (res.type_index == kTVMFFIBool && res.v_int64 != 0) m->device_type = kDLOpenCL;
+  ep_any_release(&res);
+  return EP_OK;
+}
+
+/* A copy of tensor `h` on (device_type, device_id); *out owned by the caller. */
+static ep_status ep_copy_tensor_to(TVMFFIObjectHandle h, int device_type, int device_id,
+                                   TVMFFIObjectHandle* out) {
+  TVMFFIAny args[3];
+  TVMFFIAny res;
+  ep_status st;
+  args[0] = ep_any_obj(h);
+  args[1] = ep_any_int(device_type);
+  args[2] = ep_any_int(device_id);
+  *out = NULL;
+  st = ep_call_global("vm.builtin.to_device", args, 3, &res, EP_ERR_RUNTIME);
+  if (st != EP_OK) return st;
+  if (res.type_index != kTVMFFITensor) {
+    ep_any_release(&res);
+    return ep_fail(EP_ERR_RUNTIME, "copying a tensor between devices returned no tensor");
+  }
+  *out = res.v_obj;
+  return EP_OK;
+}
+
 static void ep_model_destroy(ep_model* m) {
   int i;
   if (m == NULL) return;
@@ -627,7 +740,7 @@ static ep_status ep_check_arity(ep_model* m) {
  */
 static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* sidecar) {
   TVMFFIObjectHandle f = NULL;
-  TVMFFIAny args[3];
+  TVMFFIAny args[6];
   TVMFFIAny res;
   const char* text = meta_text;
   char* file_text = NULL;
@@ -676,14 +789,19 @@ static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* s
   }
   m->vm = res.v_obj;
 
-  /* one CPU device with the pooled allocator */
+  /* one CPU device with the pooled allocator; GPU models: the OpenCL device first, then the CPU */
+  st = ep_pick_device(m);
+  if (st != EP_OK) return st;
   st = ep_module_function(m->vm, "vm_initialization", 0, &f);
   if (st != EP_OK) return st;
   if (f == NULL) return ep_fail(EP_ERR_LOAD, "the VM has no vm_initialization");
-  args[0] = ep_any_int(kDLCPU);
-  args[1] = ep_any_int(0);
+  args[0] = ep_any_int(m->device_type);
+  args[1] = ep_any_int(m->device_id);
   args[2] = ep_any_int(EP_TVM_ALLOCATOR_POOLED);
-  if (ep_call(f, args, 3, &res) != 0) {
+  args[3] = ep_any_int(kDLCPU);
+  args[4] = ep_any_int(0);
+  args[5] = ep_any_int(EP_TVM_ALLOCATOR_POOLED);
+  if (ep_call(f, args, m->device_type == kDLCPU ? 3 : 6, &res) != 0) {
     ep_release(&f);
     return ep_fail_tvm(EP_ERR_LOAD, "vm_initialization");
   }
@@ -844,7 +962,8 @@ ep_status ep_model_open(const char* lib_path, const char* meta_path, ep_model** 
   } else {
     strcpy(path, lib_path);
   }
-  st = ep_load_so(path, &m->exec);
+  st = ep_autoload_plugins(path);
+  if (st == EP_OK) st = ep_explain_missing_plugin(ep_load_so(path, &m->exec));
   if (st == EP_OK) st = ep_model_init(m, meta_text, sidecar);
   free(path);
   free(sidecar);
@@ -914,7 +1033,8 @@ ep_status ep_model_open_memory(const void* lib_data, size_t lib_size, const char
     if (is_tmp_file) unlink(tmp_path);
     return ep_fail(EP_ERR_NO_MEMORY, "out of memory");
   }
-  st = ep_load_so(is_tmp_file ? tmp_path : path, &m->exec);
+  st = ep_autoload_plugins(NULL);
+  if (st == EP_OK) st = ep_explain_missing_plugin(ep_load_so(is_tmp_file ? tmp_path : path, &m->exec));
   /* the loader has mapped the library: the file is no longer needed */
   close(fd);
   if (is_tmp_file) unlink(tmp_path);
@@ -939,6 +1059,8 @@ ep_status ep_model_open_system_lib(const char* prefix, const char* meta_text,
   }
   *out_model = NULL;
   if (prefix == NULL) prefix = "";
+  st = ep_autoload_plugins(NULL);
+  if (st != EP_OK) return st;
   args[0] = ep_any_str(prefix);
   st = ep_call_global("ffi.SystemLib", args, 1, &res, EP_ERR_LOAD);
   if (st != EP_OK) return st;
@@ -1254,12 +1376,43 @@ ep_status ep_model_run(ep_model* model) {
     args = (TVMFFIAny*)malloc((size_t)model->num_inputs * sizeof(TVMFFIAny));
     if (args == NULL) return ep_fail(EP_ERR_NO_MEMORY, "out of memory");
   }
+  st = EP_OK;
   for (i = 0; i < model->num_inputs; ++i) args[i] = ep_any_obj(model->slots[i].tensor);
+  if (model->device_type != kDLCPU) {
+    /* GPU model: the VM's main takes tensors on the device; copy the inputs there */
+    int copied = 0;
+    for (; copied < model->num_inputs; ++copied) {
+      TVMFFIObjectHandle on_device = NULL;
+      st = ep_copy_tensor_to(model->slots[copied].tensor, model->device_type, model->device_id,
+                             &on_device);
+      if (st != EP_OK) break;
+      args[copied] = ep_any_obj(on_device);
+    }
+    if (st != EP_OK) {
+      for (i = 0; i < copied; ++i) TVMFFIObjectDecRef(args[i].v_obj);
+      if (args != stack_args) free(args);
+      return st;
+    }
+  }
   rc = ep_call(model->main, args, model->num_inputs, &res);
+  if (model->device_type != kDLCPU) {
+    for (i = 0; i < model->num_inputs; ++i) TVMFFIObjectDecRef(args[i].v_obj);
+  }
   if (args != stack_args) free(args);
   if (rc != 0) return ep_fail_tvm(EP_ERR_RUNTIME, "running the model failed");
   st = ep_collect(model, &res, model->out_tensors, &count, 0);
   ep_any_release(&res);
+  if (st == EP_OK && model->device_type != kDLCPU) {
+    /* outputs back to CPU memory (blocking: the device's work is done when this returns) */
+    for (i = 0; i < count && i < model->num_outputs && st == EP_OK; ++i) {
+      TVMFFIObjectHandle on_host = NULL;
+      st = ep_copy_tensor_to(model->out_tensors[i], kDLCPU, 0, &on_host);
+      if (st == EP_OK) {
+        ep_release(&model->out_tensors[i]);
+        model->out_tensors[i] = on_host;
+      }
+    }
+  }
   if (st == EP_OK && count != model->num_outputs) {
     st = ep_fail(EP_ERR_METADATA, "the metadata lists %d outputs but the model produced %d",
                  model->num_outputs, count);

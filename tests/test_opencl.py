@@ -1,0 +1,524 @@
+"""Mobile GPUs (OpenCL): edgepack's OpenCL runtime for TVM, run on PoCL (a real OpenCL
+implementation on this CPU), with the real test models compiled for mali-g610 and adreno-6xx.
+
+Without an Android NDK, Adreno is compiled through ``adreno-6xx-linux``: the adreno-6xx profile's
+GPU target (same keys, same dlight rules, so the same kernels) with an aarch64 Linux host toolchain
+instead of the NDK. With an NDK (ANDROID_NDK_HOME / TVM_NDK_CC) the real profile is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from edgepack import opencl
+from edgepack.errors import CompileError, EdgepackError, ValidationError
+from edgepack.manifest import read_manifest
+from edgepack.profiles import get_profile
+from edgepack.reference import run_reference
+from edgepack.validation import compare, random_inputs, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+OPENCL_SRC = ROOT / "runtimes" / "opencl"
+MODELS = ["mobilenetv2", "light_squeezenet", "face_detection_short_range", "ppocr_cls"]
+GPU_PROFILES = ["mali-g610", "adreno-6xx"]
+
+
+# ----------------------------------------------------------------------------------------------
+# fixtures
+
+
+def _has_ndk() -> bool:
+    return any(os.environ.get(v) for v in ("TVM_NDK_CC", "ANDROID_NDK_HOME", "ANDROID_NDK_ROOT"))
+
+
+def _install_pocl() -> str | None:
+    """Install PoCL with apt when we may (root, Debian/Ubuntu); returns why not, or None."""
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return "PoCL is not installed and cannot be installed here (needs root and apt-get)"
+    cmd = ["apt-get", "install", "-y", "-q", "pocl-opencl-icd", "ocl-icd-libopencl1"]
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True,
+                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if result.returncode != 0:
+        return f"`{' '.join(cmd)}` failed: {result.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def pocl():
+    """The plug-in loaded into this process and an OpenCL device (PoCL) behind tvm.opencl(0)."""
+    probe = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libOpenCL.so.1')"],
+                           check=False, capture_output=True)
+    if probe.returncode != 0 or not Path("/etc/OpenCL/vendors").is_dir():
+        why = _install_pocl()
+        if why:
+            pytest.skip(why)
+    info = opencl.load_plugin()
+    if not info["available"] or not info["devices"]:
+        why = _install_pocl()  # an ICD loader without a driver
+        if why or not opencl.runtime_info()["devices"]:
+            pytest.skip(f"no OpenCL device: {info.get('error') or why}")
+    return opencl.runtime_info()
+
+
+@pytest.fixture(scope="session")
+def gpu_profiles(tmp_path_factory) -> dict[str, str]:
+    """Profile name or TOML path to compile with, per GPU profile (see the module docstring)."""
+    chosen = {"mali-g610": "mali-g610", "adreno-6xx": "adreno-6xx"}
+    if not _has_ndk():
+        adreno = get_profile("adreno-6xx")
+        target = "\n".join(f"{k} = {json.dumps(v)}" for k, v in adreno.target.items())
+        path = tmp_path_factory.mktemp("profiles") / "adreno-6xx-linux.toml"
+        path.write_text(f"""name = "adreno-6xx-linux"
+description = "adreno-6xx's GPU target with an aarch64 Linux host (tests without an NDK)"
+status = "supported"
+backend = "opencl"
+triple = "aarch64-linux-gnu"
+
+[target]
+{target}
+
+[host_target]
+kind = "llvm"
+mtriple = "aarch64-linux-gnu"
+mattr = ["+neon"]
+
+[toolchain]
+cc = "aarch64-linux-gnu-gcc"
+cxx = "aarch64-linux-gnu-g++"
+apt_package = "g++-aarch64-linux-gnu"
+""")
+        chosen["adreno-6xx"] = str(path)
+    return chosen
+
+
+@pytest.fixture(scope="session")
+def gpu_build(models, gpu_profiles, tmp_path_factory):
+    """Compile each (model, GPU profile) once per session."""
+    from edgepack.compiler import compile_model
+
+    root = tmp_path_factory.mktemp("gpu-builds")
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(name: str, profile: str) -> Path:
+        key = (name, profile)
+        if key not in built:
+            out = root / f"{name}-{profile}"
+            model = models[name]
+            compile_model(model.path, gpu_profiles[profile], out, input_shapes=model.input_shapes)
+            built[key] = out
+        return built[key]
+
+    return get
+
+
+def _tiny_module(fn, shapes):
+    import tvm  # noqa: F401
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(fn(*xs))
+        bb.emit_func_output(out)
+    return SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("tiny")))
+
+
+def _mali_target(host=None):
+    import tvm
+
+    return tvm.target.Target(get_profile("mali-g610").target, host=host or {"kind": "llvm"})
+
+
+# ----------------------------------------------------------------------------------------------
+# the plug-in itself
+
+
+def test_cl_api_header_matches_khronos():
+    """src/cl_api.h (no OpenCL SDK needed to build) agrees with CL/cl.h: constants, types, signatures."""
+    if not Path("/usr/include/CL/cl.h").is_file():
+        pytest.skip("opencl-headers is not installed (apt-get install opencl-headers)")
+    result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+                             "-I", str(OPENCL_SRC / "src"), str(OPENCL_SRC / "tests" / "check_cl_api.cc")],
+                            check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_plugin_builds_warning_free_without_linking_opencl(tmp_path):
+    """-Wall -Wextra -Werror on our sources; libtvm_opencl.so does not depend on libOpenCL."""
+    from edgepack import native
+
+    rt = native.host_runtime()
+    tvm_dir, ffi_dir = native.tvm_source_dirs()
+    libs = {p.name: p for p in rt.shared_libs}
+    build = tmp_path / "b"
+    configure = ["cmake", "-S", str(OPENCL_SRC), "-B", str(build), f"-DTVM_SOURCE_DIR={tvm_dir}",
+                 f"-DTVM_FFI_SOURCE_DIR={ffi_dir}", f"-DTVM_RUNTIME_LIBRARY={libs['libtvm_runtime.so']}",
+                 f"-DTVM_FFI_LIBRARY={libs['libtvm_ffi.so']}", "-DEDGEPACK_OPENCL_WERROR=ON"]
+    subprocess.run(configure, check=True, capture_output=True)
+    result = subprocess.run(["cmake", "--build", str(build), "-j2"], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning" not in (result.stdout + result.stderr).lower()
+    dynamic = subprocess.run(["readelf", "-d", str(build / "lib" / "libtvm_opencl.so")], capture_output=True,
+                             text=True, check=True).stdout
+    needed = {line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line}
+    assert {"libtvm_runtime.so", "libtvm_ffi.so"} <= needed
+    assert not any("OpenCL" in n for n in needed), needed
+    assert (build / "lib" / "libtvm_opencl.a").is_file()
+
+
+def test_plugin_registers_device_api_and_lists_pocl(pocl):
+    import tvm
+    import tvm_ffi
+
+    assert tvm_ffi.get_global_func("device_api.opencl", allow_missing=True) is not None
+    assert tvm_ffi.get_global_func("ffi.Module.load_from_bytes.opencl", allow_missing=True) is not None
+    assert pocl["library"].startswith("libOpenCL") and pocl["devices"][0]["platform"]
+    dev = tvm.opencl(0)
+    assert dev.exist and dev.max_threads_per_block >= 1 and dev.device_name == pocl["devices"][0]["name"]
+    assert dev.warp_size == 1 and dev.max_shared_memory_per_block > 0 and dev.total_global_memory > 0
+    assert not tvm.opencl(len(pocl["devices"])).exist
+    assert opencl.load_plugin() == pocl  # loading again is a no-op
+
+
+def test_doctor_status_sees_the_device(pocl):
+    ok, found, hint = opencl.host_opencl_status()
+    assert ok and pocl["devices"][0]["name"] in found and hint == ""
+
+
+def test_tensors_copy_to_and_from_the_device(pocl):
+    import tvm
+
+    dev = tvm.opencl(0)
+    host = np.random.default_rng(0).random((3, 5, 7), dtype=np.float32)
+    a = tvm.runtime.tensor(host, device=dev)
+    assert str(a.device) == str(dev)
+    np.testing.assert_array_equal(a.numpy(), host)
+    b = tvm.runtime.empty(host.shape, "float32", dev)
+    a.copyto(b)  # device -> device
+    np.testing.assert_array_equal(b.numpy(), host)
+    empty = tvm.runtime.tensor(np.zeros((0, 4), np.float32), device=dev)
+    assert empty.numpy().shape == (0, 4)
+
+
+def test_compiled_module_runs_and_reports_its_kernels(pocl, tmp_path):
+    """A small Relax program (add, softmax, sum) through the GPU pipeline and the runtime module."""
+    import tvm
+    from tvm import relax
+
+    tiny = _tiny_module(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]),
+                        [((4, 64), "float32")])
+    executable, report = opencl.build_gpu(tiny, _mali_target())
+    assert report.pipeline == "gpu_generic" and report.unscheduled == []
+    assert {k.name for k in report.kernels} >= {"add_kernel", "softmax_kernel"}
+    softmax = next(k for k in report.kernels if k.name == "softmax_kernel")
+    assert softmax.launch_params == ("blockIdx.x", "threadIdx.x") and softmax.grid[0] == 4
+    assert softmax.source.startswith("// Function: softmax_kernel") and "barrier(" in softmax.source
+
+    executable.export_library(str(tmp_path / "tiny.so"))
+    loaded = tvm.runtime.load_module(str(tmp_path / "tiny.so"))
+    ocl = [m for m in loaded.imports[0].imports if m.kind == "opencl"]
+    assert ocl and "__kernel void softmax_kernel" in ocl[0].inspect_source()
+    dev = tvm.opencl(0)
+    x = np.random.default_rng(1).random((4, 64), dtype=np.float32)
+    out = relax.VirtualMachine(loaded, dev)["main"](tvm.runtime.tensor(x, device=dev)).numpy()
+    np.testing.assert_allclose(out, np.ones(4, np.float32), rtol=1e-5)
+
+
+def test_functions_without_a_gpu_schedule_are_refused_by_name():
+    """TVM would compile them as CPU code handed GPU buffers; edgepack refuses and names them."""
+    from tvm import relax
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def plain_loop(a: T.handle, b: T.handle):
+        A = T.match_buffer(a, (64,), "float32")
+        B = T.match_buffer(b, (64,), "float32")
+        for i in range(64):
+            B[i] = A[i] + T.float32(1)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64,), "float32"))
+    with bb.function("main", [x]):
+        gv = bb.add_func(plain_loop, "plain_loop")
+        with bb.dataflow():
+            y = bb.emit_output(relax.call_tir(gv, [x], relax.TensorType((64,), "float32")))
+        bb.emit_func_output(y)
+    module = SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("plain.onnx")))
+    with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
+        opencl.build_gpu(module, _mali_target())
+    assert "CPU" in err.value.message and "rpi4" in err.value.hint
+
+
+def test_topi_gpu_implementations_and_scalar_kernel_arguments(pocl, tmp_path):
+    """scatter_elements comes with its own thread bindings and int64 scalar kernel arguments."""
+    import tvm
+    from tvm import relax
+
+    tiny = _tiny_module(lambda x, i, u: relax.op.scatter_elements(x, i, u, axis=0),
+                        [((8, 4), "float32"), ((2, 4), "int64"), ((2, 4), "float32")])
+    executable, report = opencl.build_gpu(tiny, _mali_target())
+    assert [f.schedule for f in report.functions] == ["own thread bindings"]
+    assert any("int64" in k.arg_types for k in report.kernels)
+    executable.export_library(str(tmp_path / "scatter.so"))
+    dev = tvm.opencl(0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "scatter.so")), dev)
+    x = np.random.default_rng(2).random((8, 4), dtype=np.float32)
+    idx = np.array([[1, 2, 3, 4], [5, 6, 7, 0]], np.int64)
+    upd = np.full((2, 4), 7.0, np.float32)
+    out = vm["main"](*(tvm.runtime.tensor(a, device=dev) for a in (x, idx, upd))).numpy()
+    expected = x.copy()
+    for r in range(2):
+        for c in range(4):
+            expected[idx[r, c], c] = upd[r, c]
+    np.testing.assert_array_equal(out, expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# real models, compiled for the GPU profiles, validated on PoCL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", GPU_PROFILES)
+@pytest.mark.parametrize("name", MODELS)
+def test_real_models_on_opencl_match_the_reference(pocl, gpu_build, name, profile):
+    build = gpu_build(name, profile)
+    manifest = read_manifest(build)
+    gpu = manifest.extra["opencl"]
+    assert gpu["cpu_fallback"] == [] and gpu["num_kernels"] > 0 and gpu["memory"] == "buffers"
+    assert gpu["pipeline"] == ("adreno" if profile == "adreno-6xx" else "gpu_generic")
+    assert "none" not in gpu["schedules"]
+    assert {"opencl_kernels", "opencl_kernel_index"} <= set(manifest.artifacts)
+    report = validate(build, "host-opencl", seed=7)
+    assert report.passed, report
+    assert report.reference == ("litert" if name == "face_detection_short_range" else "onnxruntime")
+
+
+@pytest.mark.slow
+def test_light_model_matches_the_outputs_shipped_with_it(pocl, models, gpu_build):
+    """Besides ONNX Runtime: the expected output the onnx wheel ships for light_squeezenet."""
+    model = models["light_squeezenet"]
+    build = gpu_build("light_squeezenet", "mali-g610")
+    with np.load(model.inputs) as feeds, np.load(model.expected) as expected:
+        inputs = {k: feeds[k] for k in feeds.files}
+        want = expected[expected.files[0]]
+    actual = opencl.run_on_host_opencl(build, read_manifest(build), inputs)[0]
+    assert compare("out", actual, want, 1e-4, 1e-3).passed
+
+
+@pytest.mark.slow
+def test_cli_compile_validate_and_kernels(pocl, models, tmp_path):
+    out = tmp_path / "mali"
+    result = run_cli("compile", str(models["light_squeezenet"].path), "-p", "mali-g610", "-o", str(out),
+                     "--json", check=True)
+    assert json.loads(result.stdout)["extra"]["opencl"]["cpu_fallback"] == []
+    report = json.loads(run_cli("validate", str(out), "--on", "host-opencl", "--json", check=True).stdout)
+    assert report["passed"] and report["on"] == "host-opencl"
+
+    found = opencl.kernels(out)
+    assert found and all(k.source.startswith(f"// Function: {k.name}") for k in found)
+    for k in found:
+        assert f"__kernel void {k.name}(" in k.source
+        assert all(isinstance(v, int) and v >= 1 for v in (*k.grid, *k.block))
+        assert k.global_size == tuple(g * b for g, b in zip(k.grid, k.block))
+    text = opencl.render_kernels(found)
+    assert f"{len(found)} OpenCL kernel(s)" in text and found[0].name in text and "global " in text
+    lines = opencl.summary_lines(read_manifest(out).extra["opencl"])
+    assert any("CPU fallback: none" in line for line in lines)
+
+
+def test_kernels_of_a_cpu_build_is_a_clear_error(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(EdgepackError):
+        opencl.kernels(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# negative controls: a broken kernel must fail validation
+
+
+def _copy_with_patched_kernel(build: Path, dest: Path, kernel: str, patch) -> Path:
+    """Copy a build and edit one kernel's definition inside host/model.so (same length: the
+    embedded module keeps its layout). ``patch(definition_bytes) -> bytes``."""
+    shutil.copytree(build, dest)
+    library = dest / "host" / "model.so"
+    data = library.read_bytes()
+    signature = f"__kernel void {kernel}(".encode()
+    start = 0
+    while True:
+        start = data.index(signature, start)
+        end_of_line = data.index(b"\n", start)
+        if data[end_of_line - 3:end_of_line] == b") {":  # the definition, not a declaration
+            break
+        start = end_of_line
+    body_end = data.index(b"\n}\n", start)
+    patched = patch(data[start:body_end])
+    assert len(patched) == body_end - start and patched != data[start:body_end]
+    library.write_bytes(data[:start] + patched + data[body_end:])
+    return dest
+
+
+def _last_conv_kernel(build: Path) -> str:
+    names = [k.name for k in opencl.kernels(build)]
+    return next(n for n in names if n.startswith("fused_conv2d_add"))
+
+
+@pytest.mark.slow
+def test_a_kernel_that_does_not_compile_fails_with_the_driver_log(pocl, gpu_build, tmp_path):
+    build = gpu_build("mobilenetv2", "mali-g610")
+    kernel = _last_conv_kernel(build)
+    broken = _copy_with_patched_kernel(build, tmp_path / "broken", kernel,
+                                       lambda d: d.replace(b") {\n", b") @\n", 1))
+    with pytest.raises(ValidationError) as err:
+        validate(broken, "host-opencl")
+    message = err.value.message
+    assert f"OpenCL kernel '{kernel}' failed to build" in message
+    assert "Driver build log" in message and "error:" in message  # PoCL's (clang's) own diagnostics
+    assert "device/kernels.cl" in err.value.hint
+
+    result = run_cli("validate", str(broken), "--on", "host-opencl")
+    assert result.returncode == 1, result.stdout + result.stderr
+    flat = " ".join((result.stdout + result.stderr).split())
+    assert kernel in flat and "Traceback" not in flat
+
+
+@pytest.mark.slow
+def test_a_kernel_that_computes_the_wrong_thing_fails_validation(pocl, gpu_build, tmp_path):
+    build = gpu_build("mobilenetv2", "mali-g610")
+    kernel = _last_conv_kernel(build)
+    wrong = _copy_with_patched_kernel(build, tmp_path / "wrong", kernel,
+                                      lambda d: d.replace(b"= 0.000000e+00f;", b"= 1.000000e+00f;", 1))
+    report = validate(wrong, "host-opencl", seed=1)
+    assert not report.passed and report.outputs[0].mismatched > 0
+
+
+@pytest.mark.slow
+def test_host_opencl_refuses_a_cpu_build(pocl, models, build_cache):
+    build = build_cache(models["light_squeezenet"], "host")
+    with pytest.raises(EdgepackError, match="not for an OpenCL GPU"):
+        validate(build, "host-opencl")
+
+
+# ----------------------------------------------------------------------------------------------
+# C programs: the C API with the plug-in (x86 here on PoCL; aarch64 cross build under qemu)
+
+
+@pytest.mark.slow
+def test_c_api_runs_a_gpu_model_with_the_plugin_next_to_it(pocl, gpu_build, tmp_path):
+    from edgepack import native
+    from edgepack.bundle import run_c_runner
+
+    build = gpu_build("mobilenetv2", "mali-g610")
+    manifest = read_manifest(build)
+    runner = native.build_c_program(native.host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
+    model_dir = tmp_path / "lib"
+    model_dir.mkdir()
+    shutil.copy(build / "host" / "model.so", model_dir / "model.so")
+    shutil.copy(build / "device" / "model.meta", model_dir / "model.meta")
+    inputs = random_inputs(manifest.inputs, seed=11)
+
+    # without the plug-in: a clear error that says what is missing
+    with pytest.raises(EdgepackError, match="libtvm_opencl.so"):
+        run_c_runner([], runner, model_dir / "model.so", inputs, manifest.inputs, manifest.outputs)
+
+    # with it next to the model (as in a C bundle's lib/), ep_model_open loads it by itself
+    shutil.copy(opencl.host_plugin().shared, model_dir / "libtvm_opencl.so")
+    started = time.perf_counter()
+    result = run_c_runner([], runner, model_dir / "model.so", inputs, manifest.inputs, manifest.outputs)
+    assert time.perf_counter() - started < 300
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    for spec, actual, want in zip(manifest.outputs, result.outputs, expected):
+        assert compare(spec.name, actual, want, 1e-4, 1e-3).passed
+
+
+@pytest.mark.slow
+def test_aarch64_plugin_cross_builds_and_loads_on_arm(gpu_build, tmp_path):
+    """The plug-in for the device triple: ELF aarch64 linked against the official aarch64 runtime,
+    no libOpenCL dependency; under qemu the C runner loads it, opens the GPU model and, as there is
+    no aarch64 OpenCL driver here, stops with the runtime's clear 'no OpenCL library' error."""
+    from edgepack import native
+    from edgepack.bundle import run_c_runner
+
+    if shutil.which("qemu-aarch64") is None:
+        pytest.skip("qemu-user is not installed")
+    plugin, runtime = opencl.target_plugin("aarch64-linux-gnu", "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
+    head = plugin.shared.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 0xB7
+    dynamic = subprocess.run(["aarch64-linux-gnu-readelf", "-d", str(plugin.shared)], capture_output=True,
+                             text=True, check=True).stdout
+    assert "libtvm_runtime.so" in dynamic and "OpenCL" not in dynamic
+    files = opencl.bundle_files("aarch64-linux-gnu", "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
+    assert set(files) == {"lib/libtvm_opencl.so", "lib/libtvm_opencl.a"}
+
+    build = gpu_build("light_squeezenet", "mali-g610")
+    manifest = read_manifest(build)
+    runner = native.build_c_program(runtime, tmp_path / "edgepack_run", cc="aarch64-linux-gnu-gcc")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(build / "device" / "model.so", lib / "model.so")
+    shutil.copy(plugin.shared, lib / "libtvm_opencl.so")
+    inputs = random_inputs(manifest.inputs, seed=2)
+    qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+    try:
+        result = run_c_runner(qemu, runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
+    except EdgepackError as err:
+        assert "no usable OpenCL library was found" in err.message, err.message
+    else:  # an aarch64 OpenCL driver is installed in the sysroot: then it must compute the right thing
+        expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+        assert compare("out", result.outputs[0], expected[0], 1e-4, 1e-3).passed
+
+
+# ----------------------------------------------------------------------------------------------
+# RPC: a TVM RPC server process with the plug-in loaded serves the OpenCL device (for tuning)
+
+
+@pytest.mark.slow
+def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path):
+    import socket
+
+    import tvm
+    from tvm import relax, rpc
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port",
+                               str(port), "--port-end", str(port + 1), "--load-library",
+                               str(opencl.host_plugin().shared)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        session = None
+        for _ in range(60):
+            try:
+                session = rpc.connect("127.0.0.1", port, session_timeout=120)
+                break
+            except Exception:  # noqa: BLE001  not listening yet
+                time.sleep(0.5)
+        assert session is not None, "the RPC server did not start"
+        dev = session.device(4, 0)  # kDLOpenCL
+        assert dev.exist
+
+        tiny = _tiny_module(lambda x: relax.op.nn.softmax(x), [((2, 32), "float32")])
+        executable, _ = opencl.build_gpu(tiny, _mali_target())
+        executable.export_library(str(tmp_path / "tiny.so"))
+        session.upload(str(tmp_path / "tiny.so"))
+        vm = relax.VirtualMachine(session.load_module("tiny.so"), dev)
+        x = np.random.default_rng(3).random((2, 32), dtype=np.float32)
+        out = vm["main"](tvm.runtime.tensor(x, device=dev)).numpy()
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
