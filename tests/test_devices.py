@@ -20,58 +20,38 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_clean_error
+from farm_helpers import farm_info, farm_sh, farm_skip_reason, farm_state_dir
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-FARM = ROOT / "scripts" / "farm.sh"
 TRACKER_PORT = 19190  # not the default 9190: leave a user's own tracker alone
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the farm needs root (network namespaces, users, sshd)"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    probe = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"`ip netns` is not available here: {probe.stderr.strip()}"
-    if shutil.which("aarch64-linux-gnu-gcc") is None:
-        return "the aarch64 cross compiler is not installed"
-    return None
 
 
-def _state_dir() -> Path:
-    return Path(os.environ.get("EDGEPACK_FARM_DIR", "/var/lib/edgepack-farm"))
 
 
-def _farm_sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["bash", str(FARM), *args], check=False, capture_output=True, text=True, timeout=900)
-    if check and result.returncode != 0:
-        raise AssertionError(f"farm.sh {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-    return result
 
 
-def _farm_info() -> dict:
-    return json.loads((_state_dir() / "farm.json").read_text())
 
 
 def _farm_device(name: str) -> dict:
-    return next(d for d in _farm_info()["devices"] if d["name"] == name)
+    return next(d for d in farm_info()["devices"] if d["name"] == name)
 
 
 @pytest.fixture(scope="session")
 def farm():
-    reason = _skip_reason()
+    reason = farm_skip_reason(need_cross_compiler=True)
     if reason:
         pytest.skip(reason)
-    was_running = (_state_dir() / "farm.json").exists()
-    _farm_sh("start", "2")
-    yield _farm_info()
+    was_running = (farm_state_dir() / "farm.json").exists()
+    farm_sh("start", "2")
+    yield farm_info()
     if was_running:
-        _farm_sh("start", "2", check=False)  # leave someone else's farm as we found it (revived)
+        farm_sh("start", "2", check=False)  # leave someone else's farm as we found it (revived)
     else:
-        _farm_sh("stop", check=False)
+        farm_sh("stop", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +280,7 @@ def test_farm_tracker_with_two_devices(env, cls_build):
     assert report["passed"]
 
     # a device that dies leaves the queue; the farm keeps serving with the other one
-    _farm_sh("kill", "farm1")
+    farm_sh("kill", "farm1")
     try:
         status = _wait_for_free(env, 1)
         states = {d["name"]: d["state"] for d in status["devices"]}
@@ -309,7 +289,7 @@ def test_farm_tracker_with_two_devices(env, cls_build):
                                *_inv(env), timeout=900))
         assert result["device"] == "farm0"
     finally:
-        _farm_sh("start", "2")
+        farm_sh("start", "2")
     _wait_for_free(env, 2)  # its agent brought it back
 
     stopped = _json(_cli(env["env"], "farm", "stop", "--json", *_inv(env)))
@@ -342,11 +322,11 @@ def _kill_during_timing(device: str, *, revive_after: float | None = None) -> th
         while time.monotonic() < deadline:
             if log.exists() and log.read_text().count("load_module") > marker:
                 time.sleep(2.0)
-                _farm_sh("kill", device)
+                farm_sh("kill", device)
                 killed.set()
                 if revive_after is not None:
                     time.sleep(revive_after)
-                    _farm_sh("start", "2")
+                    farm_sh("start", "2")
                 return
             time.sleep(0.2)
 
@@ -361,7 +341,7 @@ def test_device_rebooting_mid_benchmark_is_retried(env, cls_build):
         result = _ok(_cli(env["env"], "bench", str(cls_build), "--on", "farm1", "--repeat", "60", *_inv(env),
                           timeout=600))
     finally:
-        _farm_sh("start", "2")
+        farm_sh("start", "2")
     assert killed.is_set(), "the device was not killed during the benchmark"
     text = result.stdout + result.stderr
     assert "Lost the connection to farm1 during benchmarking" in " ".join(text.split())
@@ -388,13 +368,13 @@ def test_device_killed_mid_benchmark(env, cls_build):
         (report,) = json.loads(down.stdout)
         assert report["ok"] is False and report["reachable"] is False and "connection refused" in report["message"]
     finally:
-        _farm_sh("start", "2")
+        farm_sh("start", "2")
     _json(_cli(env["env"], "device", "check", "farm1", "--json", *_inv(env)))  # back, same host key
 
 
 def test_changed_host_key_is_refused(env, cls_build):
     old = _farm_device("farm1")["host_key_fingerprint"]
-    _farm_sh("rekey", "farm1")
+    farm_sh("rekey", "farm1")
     new = _farm_device("farm1")["host_key_fingerprint"]
     assert new != old
     check = _cli(env["env"], "device", "check", "farm1", *_inv(env))

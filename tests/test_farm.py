@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from farm_helpers import farm_sh, farm_skip_reason, farm_state_dir
 
 from edgepack.remote import (
     AuthenticationError,
@@ -32,47 +33,30 @@ from edgepack.remote import (
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-FARM = ROOT / "scripts" / "farm.sh"
 SERVER_SOURCE = ROOT / "runtimes" / "rpc-server" / "edgepack_rpc_server.c"
 TRIPLE = "aarch64-linux-gnu"
 RPC_DIR = "edgepack-rpc"  # on the device, relative to the login directory
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the farm needs root (network namespaces, users, sshd)"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    probe = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"`ip netns` is not available here: {probe.stderr.strip()}"
-    return None
 
 
-def _farm(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-    result = subprocess.run(["bash", str(FARM), *args], check=False, capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"farm.sh {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return result
 
 
-def _state_dir() -> Path:
-    return Path(os.environ.get("EDGEPACK_FARM_DIR", "/var/lib/edgepack-farm"))
 
 
 @pytest.fixture(scope="session")
 def farm():
-    reason = _skip_reason()
+    reason = farm_skip_reason(need_cross_compiler=False)
     if reason:
         pytest.skip(reason)
-    was_running = (_state_dir() / "farm.json").exists()
-    _farm("start", "2")
-    info = json.loads((_state_dir() / "farm.json").read_text())
+    was_running = (farm_state_dir() / "farm.json").exists()
+    farm_sh("start", "2")
+    info = json.loads((farm_state_dir() / "farm.json").read_text())
     yield info
     if was_running:
-        _farm("start", "2", check=False)  # leave someone else's farm as we found it (revived)
+        farm_sh("start", "2", check=False)  # leave someone else's farm as we found it (revived)
     else:
-        _farm("stop", check=False)
+        farm_sh("stop", check=False)
 
 
 def _device(farm_info: dict, name: str) -> dict:
@@ -102,13 +86,13 @@ def test_farm_description_and_status(farm):
         assert d["port"] == 22 and d["user"] == d["name"]
         assert d["host_key_fingerprint"].startswith("SHA256:")
         assert Path(d["key_path"]).is_file()
-    status = _farm("status")
+    status = farm_sh("status")
     lines = status.stdout.strip().splitlines()
     assert len(lines) == 2 and all("reachable=yes" in line for line in lines), status.stdout
     # idempotent: a second start changes nothing
-    again = _farm("start", "2")
+    again = farm_sh("start", "2")
     assert "reachable=yes" in again.stdout
-    assert json.loads((_state_dir() / "farm.json").read_text())["devices"] == farm["devices"]
+    assert json.loads((farm_state_dir() / "farm.json").read_text())["devices"] == farm["devices"]
 
 
 def test_scan_and_trust(farm, known_hosts):
@@ -351,8 +335,8 @@ def test_tunnel_reports_host_key_errors(farm, tmp_path):
 
 def test_changed_host_key_is_refused(farm, known_hosts):
     old = _device(farm, "farm1")["host_key_fingerprint"]
-    _farm("rekey", "farm1")
-    new_info = json.loads((_state_dir() / "farm.json").read_text())
+    farm_sh("rekey", "farm1")
+    new_info = json.loads((farm_state_dir() / "farm.json").read_text())
     new = _device(new_info, "farm1")["host_key_fingerprint"]
     assert new != old
     endpoint = _endpoint(farm, "farm1", known_hosts)
@@ -370,7 +354,7 @@ def test_changed_host_key_is_refused(farm, known_hosts):
 def test_killed_device_is_a_clear_error_while_the_other_answers(farm, known_hosts):
     farm1 = _endpoint(farm, "farm1", known_hosts, connect_timeout=5)
     open_session = connect(farm1)
-    _farm("kill", "farm1")
+    farm_sh("kill", "farm1")
     try:
         with pytest.raises(DeviceUnreachableError) as info:
             connect(farm1)
@@ -379,11 +363,11 @@ def test_killed_device_is_a_clear_error_while_the_other_answers(farm, known_host
             open_session.run(["uname", "-m"], timeout=10)  # the session it had is gone too
         with connect(_endpoint(farm, "farm0", known_hosts)) as session:
             assert session.run(["uname", "-m"], timeout=30).stdout == "aarch64\n"
-        status = _farm("status", check=False)
+        status = farm_sh("status", check=False)
         assert "farm1" in status.stdout and "reachable=no" in status.stdout and status.returncode != 0
     finally:
         open_session.close()
     # `start` brings the dead device back
-    _farm("start", "2")
+    farm_sh("start", "2")
     with connect(farm1) as session:
         assert session.run(["uname", "-m"], timeout=30).stdout == "aarch64\n"
