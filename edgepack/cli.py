@@ -13,6 +13,7 @@ import typer
 from edgepack import __version__, render
 from edgepack.cli_android import package_android_command
 from edgepack.cli_devices import bench, device_app, farm_app
+from edgepack.cli_tuning import tune, tuning_app
 from edgepack.errors import EdgepackError
 
 app = typer.Typer(
@@ -107,6 +108,7 @@ def compile_(
     input_shape: InputShapeOption = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
     ndk: Annotated[str | None, typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
+    tuning: Annotated[Path | None, typer.Option("--tuning", help="Apply the best records of a tuning directory (`edgepack tune`).")] = None,
     bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -119,7 +121,7 @@ def compile_(
     output = output or Path("build") / profile
     with render.steps(quiet=as_json) as step:
         result = compile_model(model, profile, output, input_shapes=parse_input_shapes(input_shape),
-                               force=force, ndk=ndk, progress=step)
+                               force=force, ndk=ndk, tuning=tuning, progress=step)
     packaged = None
     if bundle == "c":
         from edgepack.bundle import package_c
@@ -162,6 +164,8 @@ def validate(
         raise typer.Exit(1)
 
 
+app.command()(tune)
+app.add_typer(tuning_app, name="tuning")
 app.add_typer(device_app, name="device")
 app.add_typer(farm_app, name="farm")
 app.command()(bench)

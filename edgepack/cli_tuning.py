@@ -152,20 +152,26 @@ def tuning_table(summary, title: str | None = None, limit: int | None = None, tr
     render.console.print(line, highlight=False)
 
 
-def tuning_result(result) -> None:
+def tuning_result(result, model: Path | None = None, input_shapes: list[str] | None = None,
+                  profile: str | None = None) -> None:
     from edgepack.tuning import format_duration
 
     tuning_table(result.summary, limit=25, tried_only=True)
     why = {"trials": "the trial budget is used", "time": "the time budget is used",
            "tasks": "every task has its trials or ran out of candidates",
-           "nothing to do": "nothing was left to do"}.get(result.stopped, result.stopped)
+           "nothing to do": "nothing was left to do", "interrupted": "it was interrupted"}.get(result.stopped, result.stopped)
     text = (f"[green]✓[/] {result.trials_run} new trials in {format_duration(result.seconds)} "
             f"(on {result.on}); stopped because {why}")
     if result.skipped:
         text += f"; {result.skipped} candidate(s) already measured were answered from the records"
     render.console.print(text, highlight=False)
-    render.console.print(f"Compile with them: [bold]edgepack compile MODEL --profile {result.summary.meta.profile} "
-                         f"--tuning {result.directory}[/]", highlight=False)
+    if result.lost:
+        render.console.print(f"[yellow]{result.lost} measurement(s) were lost to a dropped device or link and not "
+                             "recorded; rerun the same command to measure them.[/]", highlight=False)
+    shapes = "".join(f" --input-shape {spec}" for spec in input_shapes or ())
+    render.console.print(f"Compile with them: [bold]edgepack compile {model or 'MODEL'} --profile "
+                         f"{profile or result.summary.meta.profile}{shapes} --tuning {result.directory}[/]",
+                         highlight=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +229,12 @@ def tune(
     if as_json:
         _print_json(result.to_dict())
     else:
-        tuning_result(result)
+        tuning_result(result, model, input_shape, profile)
+    if result.stopped == "interrupted":
+        render.error(EdgepackError("Tuning was interrupted.",
+                                   f"{result.summary.trials} records are kept in {output}. "
+                                   "Rerun the same command to resume."))
+        raise typer.Exit(130)
 
 
 @tuning_app.command("show")

@@ -9,18 +9,23 @@ A tuning directory holds::
     state.json                   time spent tuning so far (all runs), number of runs
     logs/tune.log                MetaSchedule's own log
 
-Resuming: the record file is appended to after every measurement batch (TVM's ``JSONDatabase`` writes
-one line per record and closes the file), so a run killed at any moment loses at most the batch in
-flight. A rerun repairs a torn last line, counts the records per task and only measures what the
-budgets leave; the search strategy is wrapped so that a candidate whose schedule already has a
-record is answered from the database instead of being measured again (the evolutionary search
-starts from the best recorded schedules, so it would otherwise propose some of them again), and
-the cost model is trained on the recorded measurements before the first new batch.
+Resuming: every measurement batch is recorded as soon as it is measured (one appended line per
+record; TVM's ``JSONDatabase`` closes the file after each). The runner is made blocking and the task
+scheduler joins finished batches before every pick: MetaSchedule by default builds the next batch
+while the last one runs and records a batch only when it comes back to its task, so a kill could
+lose several. A run killed at any moment thus loses at most the batch in flight; Ctrl-C (or
+SIGTERM) finishes and records that batch, then stops. A rerun repairs a torn last line, counts the
+records per task and only measures what the budgets leave; the search strategy is wrapped so that a
+candidate whose schedule already has a record is answered from the database instead of being
+measured again (the evolutionary search starts from the best recorded schedules, so it would
+otherwise propose some of them again), and the cost model is trained on the recorded measurements
+before the first new batch.
 
 Budgets hold for the directory as a whole, across runs: ``trials`` counts every record, and
-``time_budget_s`` every second spent tuning (kept in ``state.json``). Tasks share the trials through
-MetaSchedule's gradient task scheduler, which gives the next batch to the task whose weighted latency
-(its share of the model's time) is expected to drop most.
+``time_budget_s`` every second spent tuning (kept in ``state.json``). Every task first gets a small
+probe batch (heaviest first), then the trials go to the task whose weighted latency (weight x best
+latency: its share of the model's time) is expected to drop most, as MetaSchedule's gradient task
+scheduler decides, with the history of earlier runs taken from the records.
 
 Measuring happens on this machine (``on="host"``, host profiles only), on a device of the
 inventory (``on=NAME``: the device's RPC server through an SSH tunnel), or on every device of a
@@ -61,6 +66,7 @@ FORMAT_VERSION = 1
 
 DEFAULT_TRIALS = 1000
 DEFAULT_BATCH = 16  # candidates per measurement batch: records are flushed after each batch
+PROBE_TRIALS = 4  # a task's first batch: every kernel gets a measured schedule before any gets many
 BUILDER_TIMEOUT_S = 180.0  # see docs: a cold builder worker may take ~30 s before it builds anything
 FAILED_SECONDS = 1e9  # run_secs at or above this mean "did not run" (MetaSchedule writes 1e10)
 
@@ -224,8 +230,9 @@ class TuningResult:
     trials_run: int  # measured in this run
     skipped: int  # candidates answered from the records instead of being measured again
     seconds: float  # this run
-    stopped: str  # "trials" | "time" | "tasks" (every task at its cap or out of candidates) | "nothing to do"
+    stopped: str  # "trials" | "time" | "tasks" (all at their cap or out of candidates) | "interrupted" | "nothing to do"
     repaired: tuple[str, ...] = ()
+    lost: int = 0  # remote measurements lost to a dropped device or link (not recorded: a rerun measures them)
 
     @property
     def directory(self) -> Path:
@@ -240,6 +247,7 @@ class TuningResult:
             "seconds": round(self.seconds, 1),
             "stopped": self.stopped,
             "repaired": list(self.repaired),
+            "lost": self.lost,
         } | self.summary.to_dict()
 
 
@@ -333,6 +341,12 @@ def _record_seconds(record: list) -> float | None:
         return None
     mean = sum(values) / len(values)
     return None if not math.isfinite(mean) or mean >= FAILED_SECONDS else mean
+
+
+def _short_error(exc: BaseException) -> str:
+    from edgepack.importers import _first_line
+
+    return _first_line(exc)[:200]
 
 
 def _normalized_target(target: dict[str, Any]) -> dict[str, Any]:
@@ -496,11 +510,17 @@ def repair_database(directory: Path | str) -> list[str]:
 # the model's tasks
 
 
+def _cpu_pipeline():
+    # the module, not the package: tvm.relax.backend.cpu_generic does not export dataflow_lower_passes
+    from tvm.relax.backend.cpu_generic import pipeline
+
+    return pipeline
+
+
 def _prepare_passes(target):
     """Relax passes up to fused TIR kernels: the same for task extraction and for applying records."""
-    from tvm.relax import pipeline
-
-    return [*pipeline.library_dispatch_passes(target), *pipeline.legalize_passes(target)]
+    cpu = _cpu_pipeline()
+    return [*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)]
 
 
 def _fused_module(imported, target):
@@ -590,6 +610,18 @@ def alloc_arguments(session, device, args_info, alloc_repeat: int):
     return repeated
 
 
+def cleanup_remote(session, remote_path: str | None) -> None:
+    """MetaSchedule RPC cleanup: remove the uploaded candidate.
+
+    (The default also removes ``""``, the work directory itself, which edgepack's device server
+    refuses: the error would discard a finished measurement.) The server drops the session's work
+    directory when the session ends anyway.
+    """
+    if session is not None and remote_path:
+        with contextlib.suppress(Exception):
+            session.remove(remote_path)
+
+
 def connect_forwarded(port: int, key: str, session_timeout: float, _rpc_config):
     """MetaSchedule RPC session factory: the device's server through a local forwarded port."""
     from tvm import rpc
@@ -659,7 +691,7 @@ def _farm_measurer(profile, on: str, inventory, session_timeout: float, say: Log
     config = RPCConfig(tracker_host="127.0.0.1", tracker_port=state.tracker_port, tracker_key=profile.rpc_key,
                        session_timeout_sec=int(session_timeout))
     runner = RPCRunner(rpc_config=config, evaluator_config=_evaluator_config(remote=True),
-                       f_alloc_argument=alloc_arguments, max_workers=len(devices))
+                       f_alloc_argument=alloc_arguments, f_cleanup=cleanup_remote, max_workers=len(devices))
     return _Measurer(_cross_builder(profile), runner, on)
 
 
@@ -691,11 +723,13 @@ def _device_measurer(profile, device, session_timeout: float, say: Log) -> _Meas
         raise
     say(f"Measuring on {device.name} through local port {tunnel.local_port}")
     runner = RPCRunner(
-        rpc_config=RPCConfig(tracker_host="-", tracker_port=0, tracker_key="-",
+        # no tracker here: the config only carries the session timeout (connect_forwarded connects)
+        rpc_config=RPCConfig(tracker_host="127.0.0.1", tracker_port=1, tracker_key=profile.rpc_key,
                              session_timeout_sec=int(session_timeout)),
         evaluator_config=_evaluator_config(remote=True),
         f_create_session=functools.partial(connect_forwarded, tunnel.local_port, server.key, session_timeout),
         f_alloc_argument=alloc_arguments,
+        f_cleanup=cleanup_remote,
         max_workers=1,
     )
 
@@ -747,6 +781,8 @@ class _Control:
     deadline: float | None  # time.monotonic() after which no new batch starts
     left: int  # trials this run may still measure, all tasks together
     stopped_by_time: bool = False
+    interrupted: bool = False  # SIGINT/SIGTERM: finish the batch in flight, then stop
+    lost: int = 0  # remote measurements lost to a dropped connection (not recorded)
 
     def expired(self) -> bool:
         if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -793,10 +829,15 @@ def _resumable_strategy_class():
 
         def generate_measure_candidates(self):
             plan, control = self.plan, self.control
-            if plan.left <= 0 or control.left <= 0 or control.expired():
+            if plan.left <= 0 or control.left <= 0 or control.interrupted or control.expired():
                 return None
             for _ in range(32):  # rounds that only proposed recorded schedules
-                candidates = self.inner.generate_measure_candidates()
+                try:
+                    candidates = self.inner.generate_measure_candidates()
+                except Exception as exc:  # noqa: BLE001 - a gap in TVM's search ends this task, not the run
+                    logging.getLogger("tvm.s_tir.meta_schedule").warning(
+                        "search failed for %s, which keeps what it has: %s", plan.task.name, exc)
+                    candidates = None
                 if candidates is None:
                     plan.exhausted = True
                     return None
@@ -813,7 +854,7 @@ def _resumable_strategy_class():
                         fresh_hashes.append(digest)
                 plan.skipped += len(known)
                 if fresh:
-                    limit = min(plan.left, control.left)
+                    limit = min(plan.left, control.left, PROBE_TRIALS if not plan.history else len(fresh))
                     fresh, fresh_hashes = fresh[:limit], fresh_hashes[:limit]
                     control.left -= len(fresh)  # reserved now: the scheduler may start other batches meanwhile
                     self._pending = (known, known_results)
@@ -829,7 +870,10 @@ def _resumable_strategy_class():
             self.inner.notify_runner_results(list(known) + list(measure_candidates),
                                              list(known_results) + list(results))
             for digest, result in zip(self._fresh, results):
-                self.plan.known[digest] = [float(s) for s in result.run_secs] if result.run_secs else None
+                if result.run_secs:
+                    self.plan.known[digest] = [float(s) for s in result.run_secs]
+                elif not self.control.interrupted and not _lost_device(result.error_msg):
+                    self.plan.known[digest] = None  # a failure caused by an interrupt or a lost device is none
             self._fresh = []
             self.plan.left -= len(measure_candidates)
 
@@ -865,6 +909,33 @@ def _blocking_runner_class():
     return BlockingRunner
 
 
+def _space_generators():
+    """MetaSchedule's default search space, then fallbacks for kernels it fails on.
+
+    TVM 0.27's multi-level tiling fails on some fused epilogues (e.g. BlazeFace's residual ``pad`` +
+    ``add`` after a convolution: "requires all the producer(s) ... under the target loop") when it
+    tries to compute the epilogue inside the tiles. With a cache write the epilogue stays after the
+    tiled loop nest and it works; without tiling at all, parallel/vectorize/unroll still apply.
+    """
+    from tvm.s_tir.meta_schedule import schedule_rule as rules
+    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply
+
+    yield "default", "post-order-apply"
+
+    def tiling_with_cache_write():
+        return rules.MultiLevelTiling(structure="SSRSRS", tile_binds=None, max_innermost_factor=64,
+                                      vector_load_lens=None, reuse_read=None,
+                                      reuse_write=rules.ReuseType(req="must", levels=[1, 2], scope="global"))
+
+    base = rules.ScheduleRule.create("llvm")
+    yield "cache-write tiling", PostOrderApply(
+        sch_rules=[tiling_with_cache_write() if type(r).__name__ == "MultiLevelTiling" else r for r in base],
+        postprocs="llvm", mutator_probs="llvm")
+    yield "untiled", PostOrderApply(sch_rules=[r for r in rules.ScheduleRule.create("llvm")
+                                               if "MultiLevelTiling" not in type(r).__name__],
+                                    postprocs="llvm", mutator_probs="llvm")
+
+
 def _scheduler_class():
     import random
 
@@ -875,11 +946,13 @@ def _scheduler_class():
     class GradientScheduler(PyTaskScheduler):
         """MetaSchedule's gradient-based task scheduler, aware of the records of earlier runs.
 
-        Each task first gets one batch (heaviest first: weight x flop), except tasks that already have
-        records; then the next batch goes to the task whose weighted latency (weight x best latency,
-        its share of the model's time) is expected to drop most: ``weight * (alpha * recent slope +
-        (1 - alpha) * best / rounds)``, as TVM's ``GradientBased`` does, with the history of earlier
-        runs rebuilt from the records. Finished batches are joined (and so recorded) before every pick.
+        Each task first gets a small probe batch (heaviest first: weight x flop), except tasks that
+        already have records: an untuned kernel is far slower than any measured schedule, so every
+        kernel gets one before any gets many. Then the next batch goes to the task whose weighted
+        latency (weight x best latency, its share of the model's time) is expected to drop most:
+        ``weight * (alpha * recent slope + (1 - alpha) * best / rounds)``, as TVM's ``GradientBased``
+        does, with the history of earlier runs rebuilt from the records. Finished batches are joined
+        (and so recorded) before every pick.
         """
 
         def __init__(self, plans: list[_TaskPlan], on_pick: Callable[[int], None], alpha: float = 0.2,
@@ -936,21 +1009,78 @@ def _history_from_records(latencies: list[float | None], batch: int) -> list[flo
     return history
 
 
-def _progress_callback_class():
+def _record_callback_class():
     from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.database import TuningRecord
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
     @derived_object
-    class ProgressCallback(PyMeasureCallback):
-        """After each batch (and after the records are added): update counts, time, and report."""
+    class RecordAndReport(PyMeasureCallback):
+        """MetaSchedule's ``AddToDatabase`` (one appended line per measurement), then progress.
 
-        def __init__(self, on_batch: Callable[[int, list], None]) -> None:
+        The difference: after an interrupt, candidates whose build or run failed are not recorded;
+        their workers were most likely killed by the same Ctrl-C, and a rerun should try them again.
+        """
+
+        def __init__(self, database, control: _Control, on_batch: Callable[[int, list], None],
+                     remote: bool = False) -> None:
+            self.database = database
+            self.control = control
             self.on_batch = on_batch
+            self.remote = remote
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-            self.on_batch(int(task_id), list(runner_results))
+            context = task_scheduler.tasks_[task_id].ctx
+            workload = self.database.commit_workload(context.mod)
+            recorded = []
+            for candidate, built, result in zip(measure_candidates, builder_results, runner_results):
+                failed = built.error_msg is not None or not result.run_secs
+                if failed and self.control.interrupted:
+                    continue
+                if failed and self.remote and built.error_msg is None and _lost_device(result.error_msg):
+                    self.control.lost += 1  # the device, not the candidate, failed: a rerun measures it
+                    continue
+                run_secs = [float(v) for v in result.run_secs] if not failed else [1e10]
+                self.database.commit_tuning_record(TuningRecord(
+                    candidate.sch.trace, workload, run_secs, context.target, candidate.args_info))
+                recorded.append(result)
+            self.on_batch(int(task_id), recorded)
 
-    return ProgressCallback
+    return RecordAndReport
+
+
+_LOST_DEVICE = ("timeout", "timed out", "connection", "connect to", "broken pipe", "reset by peer", "closed",
+                "kshutdown", "eof", "subprocess terminated", "no route", "unreachable", "session")
+
+
+def _lost_device(message: str | None) -> bool:
+    """Whether a remote run failed because the link or the device went away (not the candidate)."""
+    text = (message or "").lower()
+    return any(word in text for word in _LOST_DEVICE)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(control: _Control, say: Log) -> Iterator[None]:
+    """First Ctrl-C (or SIGTERM): finish and record the batch in flight, then stop. Second: stop at once."""
+    import signal
+
+    def handler(signum, _frame) -> None:
+        control.interrupted = True
+        say("Stopping after the batch in flight (its results are recorded); interrupt again to stop at once")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+
+    saved = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            saved[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1184,6 +1314,11 @@ def tune_model(
                           "Tune a CPU profile (host, rpi3, rpi4, rpi5, android-arm64).")
     if trials < 0 or (max_trials_per_task is not None and max_trials_per_task < 1) or trials_per_batch < 1:
         raise TuningError("Trial counts must be positive.", "Use e.g. --trials 1000 --batch 16.")
+    if on == "host" and not profile.is_host:
+        raise TuningError(
+            f"Profile {profile.name!r} is for {profile.triple}; its kernels cannot be measured on this machine.",
+            f"Measure on a device: --on DEVICE (see `edgepack device list`) or --on farm:{profile.name}.",
+        )
     if directory.exists() and not directory.is_dir():
         raise TuningError(f"{directory} exists and is not a directory.", "Choose another -o/--output.")
     existing = _existing_meta(directory) if directory.is_dir() else None
@@ -1235,13 +1370,13 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
     from tvm.s_tir.meta_schedule import TuneContext
     from tvm.s_tir.meta_schedule.cost_model import CostModel
     from tvm.s_tir.meta_schedule.database import JSONDatabase
-    from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback
     from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
 
     before = load_tuning(directory)
     state = _read_json(directory / STATE_FILE) or {}
     seconds_before = float(state.get("seconds", 0.0))
     runs_before = int(state.get("runs", 0))
+    runs_now = runs_before + 1  # runs started, killed ones included
     trials_before = before.trials
     counts = {t.workload: t for t in before.tasks}
 
@@ -1268,7 +1403,7 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
             left = min(remaining - run_trials, sum(p.left for p in active if not p.exhausted))
             eta = max(0, left) / rate
             if time_left is not None:
-                eta = min(eta, max(0.0, time_left - (time.monotonic() - tuning_started)))
+                eta = min(eta, max(0.0, time_left - (time.monotonic() - started)))
         return TuningProgress(
             tasks=tuple(TaskProgress(p.task.name, p.task.weight, p.trials, p.best, p.cap, p.tuning,
                                      finished=not p.tuning or p.exhausted or p.left <= 0) for p in plans),
@@ -1280,12 +1415,13 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
     tuning_started: float | None = None
     report = progress or (lambda _p: None)
 
-    def finish(stopped: str, run_trials: int, skipped: int) -> TuningResult:
+    def finish(stopped: str, run_trials: int, skipped: int, lost: int = 0) -> TuningResult:
         elapsed = time.monotonic() - started
         _write_json_atomic(directory / STATE_FILE, {"seconds": round(seconds_before + elapsed, 1),
-                                                    "runs": runs_before + 1, "updated": _now()})
+                                                    "runs": runs_now, "updated": _now()})
         report(snapshot(run_trials, finished=True, message=stopped))
-        return TuningResult(load_tuning(directory), on, trials_before, run_trials, skipped, elapsed, stopped, repaired)
+        return TuningResult(load_tuning(directory), on, trials_before, run_trials, skipped, elapsed, stopped, repaired,
+                            lost)
 
     if remaining <= 0 or not active or time_left == 0.0:
         why = ("the trial budget is used up" if remaining <= 0 else
@@ -1314,16 +1450,41 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
         control = _Control(None, remaining)
         strategy_class = _resumable_strategy_class()
         run_seed = (seed if seed is not None else 0) + runs_before * 7919 + trials_before
-        contexts = []
+        contexts, schedulable = [], []
         for plan in active:
-            task_extracted = extracted[plan.index]
-            inner = EvolutionarySearch()
-            contexts.append(TuneContext(
-                mod=task_extracted.dispatched[0], target=tuning_target, space_generator="post-order-apply",
-                search_strategy=strategy_class(inner, plan, control), task_name=plan.task.name,
-                rand_state=(run_seed + plan.index * 104729) % (2**31 - 1), num_threads=max(1, os.cpu_count() or 1),
-                logger=logger,
-            ))
+            context, last_error = None, None
+            # the scheduler would stop everything on the first kernel MetaSchedule cannot schedule: try
+            # its default search space, then simpler ones (_space_generators), and skip the kernel last
+            for label, space in _space_generators():
+                # half MetaSchedule's default population and one fewer generation: on a small machine
+                # the search, not the measurements, is what costs most per trial
+                inner = EvolutionarySearch(population_size=256, genetic_num_iters=3)
+                candidate = TuneContext(
+                    mod=extracted[plan.index].dispatched[0], target=tuning_target, space_generator=space,
+                    search_strategy=strategy_class(inner, plan, control), task_name=plan.task.name,
+                    rand_state=(run_seed + plan.index * 104729) % (2**31 - 1),
+                    num_threads=max(1, os.cpu_count() or 1), logger=logger,
+                )
+                try:
+                    candidate.generate_design_space()
+                except Exception as exc:  # noqa: BLE001 - TVM raises ScheduleError/TVMError for gaps in its rules
+                    logger.warning("%s search space of %s failed: %s", label, plan.task.name, exc)
+                    last_error = exc
+                    continue
+                if label != "default":
+                    logger.warning("%s uses the %s search space", plan.task.name, label)
+                context = candidate
+                break
+            if context is None:
+                say(f"Skipping {plan.task.name}: MetaSchedule cannot schedule it ({_short_error(last_error)}); "
+                    "it keeps its untuned schedule")
+                plan.tuning, plan.exhausted = False, True
+                continue
+            contexts.append(context)
+            schedulable.append(plan)
+        active[:] = schedulable
+        if not active:
+            return finish("tasks", 0, 0)
         cost_model = CostModel.create("xgb", num_tuning_cores=max(1, os.cpu_count() or 1), tree_method="auto")
         warm = _warm_start(cost_model, contexts, active, known)
         if warm:
@@ -1345,39 +1506,45 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
             run_trials += len(results)
             elapsed = time.monotonic() - started
             _write_json_atomic(directory / STATE_FILE, {"seconds": round(seconds_before + elapsed, 1),
-                                                        "runs": runs_before, "updated": _now()})
+                                                        "runs": runs_now, "updated": _now()})
             report(snapshot(run_trials, last=plan.index))
 
         def on_pick(task_id: int) -> None:
             if not control.expired() and control.left > 0:
                 report(snapshot(run_trials, current=active[task_id].index))
 
-        callbacks = [*MeasureCallback.create("default"), _progress_callback_class()(on_batch)]
+        from tvm.s_tir.meta_schedule.measure_callback import RemoveBuildArtifact, UpdateCostModel
+
+        callbacks = [_record_callback_class()(database, control, on_batch, remote=on != "host"), RemoveBuildArtifact(),
+                     UpdateCostModel()]
         tuning_started = time.monotonic()
         if time_left is not None:
-            control.deadline = tuning_started + time_left
+            control.deadline = started + time_left  # the budget counts this run's setup too
         report(snapshot(0))
         say(f"Tuning: up to {remaining} trials" + (f" within {format_duration(time_left)}" if time_left else ""))
-        _scheduler_class()(active, on_pick, seed=run_seed).tune(
-            tasks=contexts,
-            task_weights=[float(p.task.weight) for p in active],
-            max_trials_global=remaining,
-            max_trials_per_task=remaining,
-            num_trials_per_iter=trials_per_batch,
-            builder=measurer.builder,
-            runner=_blocking_runner_class()(measurer.runner),
-            measure_callbacks=callbacks,
-            database=database,
-            cost_model=cost_model,
-        )
+        with _stop_on_signals(control, say):
+            _scheduler_class()(active, on_pick, seed=run_seed).tune(
+                tasks=contexts,
+                task_weights=[float(p.task.weight) for p in active],
+                max_trials_global=remaining,
+                max_trials_per_task=remaining,
+                num_trials_per_iter=trials_per_batch,
+                builder=measurer.builder,
+                runner=_blocking_runner_class()(measurer.runner),
+                measure_callbacks=callbacks,
+                database=database,
+                cost_model=cost_model,
+            )
         skipped = sum(p.skipped for p in active)
-        if control.stopped_by_time:
+        if control.interrupted:
+            stopped = "interrupted"
+        elif control.stopped_by_time:
             stopped = "time"
-        elif run_trials >= remaining:
+        elif control.left <= 0:
             stopped = "trials"
         else:
             stopped = "tasks"
-        return finish(stopped, run_trials, skipped)
+        return finish(stopped, run_trials, skipped, control.lost)
     finally:
         measurer.close()
 
@@ -1405,15 +1572,21 @@ def _best_records(directory: Path, workloads: set[str] | None = None) -> tuple[l
 
 
 def write_best_records(tuning_dir: Path | str, dest: Path | str) -> int:
-    """Write a compact JSON database (the fastest record of each kernel) into ``dest``; returns the count.
+    """Copy ``tuning_dir`` as a compact tuning directory: the fastest record of each kernel only.
 
-    ``dest`` can be loaded like any tuning database; e.g. kept inside a build directory.
+    ``dest`` is a complete tuning directory (``apply_tuning``/``load_tuning`` accept it), small enough
+    to keep inside a build directory so that later rebuilds (e.g. a static library) use the same
+    kernels. Returns the number of records written.
     """
-    workloads, records = _best_records(Path(tuning_dir))
-    dest = Path(dest)
+    source, dest = Path(tuning_dir), Path(dest)
+    load_tuning(source)  # a clear error if it is not a tuning directory
+    workloads, records = _best_records(source)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / WORKLOAD_FILE).write_text("".join(json.dumps(w, separators=(",", ":")) + "\n" for w in workloads))
     (dest / RECORD_FILE).write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+    for name in (STATE_FILE, TASKS_FILE, META_FILE):  # tuning.json last: it marks a complete directory
+        if (source / name).exists():
+            shutil.copyfile(source / name, dest / name)
     return len(records)
 
 
@@ -1437,8 +1610,9 @@ def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = 
     """
     import tvm
     from tvm import relax
-    from tvm.relax import pipeline
     from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    cpu = _cpu_pipeline()
 
     with tempfile.TemporaryDirectory(prefix="edgepack-tuning-") as tmp:
         workload_lines, records = _best_records(Path(tuning_dir), workloads)
@@ -1453,8 +1627,8 @@ def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = 
             seq = tvm.transform.Sequential([
                 *_prepare_passes(target),
                 relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
-                *pipeline.dataflow_lower_passes(target),
-                *pipeline.finalize_passes(target),
+                *cpu.dataflow_lower_passes(target),
+                *cpu.finalize_passes(target),
             ])
             return seq(mod)
 
@@ -1466,6 +1640,9 @@ def apply_tuning(imported, target, tuning_dir: Path | str) -> AppliedTuning:
 
     Use: ``tvm.compile(imported.mod, target, relax_pipeline=apply_tuning(...).relax_pipeline)``.
     """
+    if target.kind.name != "llvm":
+        raise TuningError(f"Tuning records apply to CPU (llvm) targets, not {target.kind.name}.",
+                          "Compile this profile without --tuning.")
     summary = check_tuning(tuning_dir, imported, target)
     tuned = {t.workload for t in summary.tasks if t.best_seconds is not None}
     return AppliedTuning(tuned_pipeline(tuning_dir, target, tuned), summary, len(tuned), len(summary.tasks))

@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""edgepack (untuned and tuned) against ONNX Runtime / LiteRT on this machine, in one run, one table.
+
+    python scripts/bench.py                         # all models, 2 threads: tune, compile, time
+    python scripts/bench.py --markdown docs/benchmarks.md
+    python scripts/bench.py --models mobilenetv2 --trials 200 --threads 1
+
+For each test model (scripts/fetch_models.py):
+
+* ``edgepack untuned``: ``compile_model`` for the host profile, TVM's default pipeline;
+* ``edgepack tuned``: ``tune_model`` on this machine with a fixed trial budget (``--trials``, the same
+  for every model), then ``compile_model(..., tuning=...)``;
+* ``onnxruntime`` (CPU execution provider, all graph optimisations) or ``litert`` (TFLite models).
+
+Every runtime uses the same number of threads (``TVM_NUM_THREADS``, ORT ``intra_op_num_threads``,
+LiteRT ``num_threads``); latency is the median of ``--repeat`` timed runs after warm-up runs, the
+ratio is edgepack's median over the reference's median from the same run (below 1: edgepack is
+faster). Each runtime is timed in its own processes (two runtimes' thread pools in one process fight
+over the cores), in blocks interleaved with the other runtimes', so that a change in the machine's
+load hits them alike.
+
+The host profile's target is generic x86-64 unless the profile names a CPU; the bench then uses a
+copy of it with this machine's CPU (``mcpu`` from LLVM) and says so: both rows compile for it.
+Tuning directories are kept under ``--work`` (default: edgepack's cache): rerunning the bench resumes
+tuning where it stopped; with the same ``--trials`` it does not tune again, with more it tunes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+MODELS = ("mobilenetv2", "light_resnet50", "ppocr_cls", "face_detection_short_range", "light_squeezenet")
+DEFAULT_MODELS = ("mobilenetv2", "light_resnet50", "ppocr_cls", "face_detection_short_range")
+
+
+@dataclass
+class Row:
+    model: str
+    runtime: str
+    median_ms: float
+    samples: list[float] = field(default_factory=list)
+    ratio: float | None = None  # median / reference median
+    compile_s: float | None = None
+    tuning_s: float | None = None
+    trials: int | None = None
+    tuned_tasks: str = ""
+    model_bytes: int | None = None
+    runtime_bytes: int | None = None
+    note: str = ""
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def machine() -> dict[str, str]:
+    info = {"cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count())}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        info["cpu"] = fields.get("Model name", info["cpu"])
+        info["cores"] = f"{fields.get('CPU(s)', '?')} CPU(s), {fields.get('Thread(s) per core', '?')} thread(s) per core"
+        flags = fields.get("Flags", "").split()
+        simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "neon") if f in flags]
+        if simd:
+            info["simd"] = " ".join(simd)
+    except OSError:
+        pass
+    try:
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+        info["memory"] = f"{int(mem) / 1024 / 1024:.0f} GiB"
+    except (OSError, IndexError, ValueError):
+        pass
+    return info
+
+
+def host_profile(work: Path):
+    """The host profile, or a copy of it for this machine's CPU when it names none (see the docstring)."""
+    from tvm.target import codegen
+
+    from edgepack.profiles import get_profile
+
+    profile = get_profile("host")
+    if profile.target.get("mcpu"):
+        return profile, ""
+    cpu = codegen.llvm_get_system_cpu()
+    path = work / "host-native.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        'name = "host-native"\ndescription = "This machine, with its CPU (bench)"\nstatus = "supported"\n'
+        'backend = "cpu"\ntriple = "x86_64-linux-gnu"\nrpc_key = "host"\n\n'
+        f'[target]\nkind = "llvm"\nmcpu = "{cpu}"\n\n[toolchain]\ncc = "gcc"\ncxx = "g++"\n')
+    return get_profile(str(path)), f"host profile with mcpu={cpu}"
+
+
+def tvm_runtime_bytes() -> int:
+    import tvm
+    import tvm_ffi
+
+    libs = [Path(tvm.__file__).parent / "lib" / "libtvm_runtime.so", Path(tvm_ffi.__file__).parent / "lib" / "libtvm_ffi.so"]
+    return sum(p.stat().st_size for p in libs if p.exists())
+
+
+def ort_runtime_bytes() -> int:
+    import onnxruntime
+
+    capi = Path(onnxruntime.__file__).parent / "capi"
+    return sum(p.stat().st_size for p in capi.glob("libonnxruntime.so*"))
+
+
+def litert_runtime_bytes() -> int:
+    import ai_edge_litert
+
+    base = Path(ai_edge_litert.__file__).parent
+    return sum(p.stat().st_size for p in (base / "libpywrap_litert_common.so",
+                                          base / "_pywrap_litert_interpreter_wrapper.so") if p.exists())
+
+
+def make_inputs(specs, seed: int = 0) -> dict:
+    from edgepack.validation import random_inputs
+
+    return random_inputs(specs, seed)
+
+
+def tvm_runner(library: Path, names: list[str], inputs):
+    import tvm
+    from tvm import relax
+
+    from edgepack.reference import quiet_native_stderr
+
+    with quiet_native_stderr():
+        executable = tvm.runtime.load_module(str(library))
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    args = [tvm.runtime.tensor(inputs[name]) for name in names]
+    main = vm["main"]
+    return lambda: main(*args)
+
+
+def ort_runner(model: Path, inputs, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    feeds = {k: v for k, v in inputs.items() if k in names}
+    return lambda: session.run(None, feeds)
+
+
+def litert_runner(model: Path, inputs, threads: int):
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edgepack.reference import quiet_native_stderr
+
+    with quiet_native_stderr():
+        interpreter = Interpreter(model_path=str(model), num_threads=threads)
+    interpreter.allocate_tensors()
+    details = interpreter.get_input_details()
+
+    def run():
+        for detail in details:
+            interpreter.set_tensor(detail["index"], inputs[detail["name"]])
+        interpreter.invoke()
+
+    return run
+
+
+def time_one(spec: dict) -> list[float]:
+    """In a fresh process (``--time-one``): load one runtime, warm it up, time ``repeat`` runs (ms)."""
+    import numpy as np
+
+    with np.load(spec["inputs"]) as data:
+        inputs = {k: data[k] for k in data.files}
+    if spec["kind"] == "tvm":
+        run = tvm_runner(Path(spec["path"]), spec["names"], inputs)
+    elif spec["kind"] == "onnxruntime":
+        run = ort_runner(Path(spec["path"]), inputs, spec["threads"])
+    else:
+        run = litert_runner(Path(spec["path"]), inputs, spec["threads"])
+    for _ in range(spec["warmup"]):
+        run()
+    samples = []
+    for _ in range(spec["repeat"]):
+        started = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - started) * 1e3)
+    return samples
+
+
+def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int,
+                  rounds: int = 5) -> dict[str, list[float]]:
+    """Each runtime in its own process (thread pools of two runtimes in one process fight over the
+    cores: TVM's and ONNX Runtime's spinning workers slowed each other down several times over), in
+    ``rounds`` interleaved blocks of ``repeat / rounds`` runs, each after ``warmup`` untimed runs: the
+    same machine load for all."""
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    samples: dict[str, list[float]] = {name: [] for name in specs}
+    per_block = max(1, repeat // rounds)
+    for _ in range(rounds):
+        for name, spec in specs.items():
+            payload = json.dumps(spec | {"repeat": per_block, "warmup": warmup, "threads": threads})
+            result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--time-one", payload],
+                                    capture_output=True, text=True, env=env, check=False)
+            if result.returncode != 0:
+                raise RuntimeError(f"timing {name} failed:\n{result.stdout}\n{result.stderr}")
+            samples[name].extend(json.loads(result.stdout.strip().splitlines()[-1]))
+    return samples
+
+
+def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[Row]:
+    from edgepack.compiler import compile_model
+    from edgepack.importers import inspect_model
+    from edgepack.tuning import load_tuning, tune_model
+
+    info = inspect_model(test_model.path)
+    shapes = test_model.input_shapes or None
+    builds = work / "builds"
+
+    say(f"{name}: compiling untuned")
+    started = time.perf_counter()
+    untuned = compile_model(test_model.path, profile, builds / f"{name}-untuned", input_shapes=shapes, force=True)
+    untuned_compile = time.perf_counter() - started
+
+    tuning_dir = work / "tuning" / f"{name}-{profile.name}"  # a rerun with more --trials tunes on from here
+    say(f"{name}: tuning ({args.trials} trials, resumable in {tuning_dir})")
+
+    def progress(p) -> None:
+        if p.last_task is not None and args.verbose:
+            task = p.tasks[p.last_task]
+            say(f"  {p.trials}/{p.trials_budget} {task.name} best {task.best_seconds and task.best_seconds * 1e3:.3f} ms")
+
+    tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=args.trials, input_shapes=shapes,
+                              trials_per_batch=args.batch, progress=progress,
+                              log=(lambda m: say(f"  {m}")) if args.verbose else None)
+    if tuned_result.stopped == "interrupted":
+        raise KeyboardInterrupt
+    summary = load_tuning(tuning_dir)
+
+    say(f"{name}: compiling tuned")
+    started = time.perf_counter()
+    tuned = compile_model(test_model.path, profile, builds / f"{name}-tuned", input_shapes=shapes, force=True,
+                          tuning=tuning_dir)
+    tuned_compile = time.perf_counter() - started
+
+    import numpy as np
+
+    specs = untuned.manifest.inputs
+    inputs_path = builds / f"{name}-inputs.npz"
+    np.savez(inputs_path, **make_inputs(specs))
+    names = [spec.name for spec in specs]
+    reference_name = "onnxruntime" if info.format == "onnx" else "litert"
+    runtimes = {
+        "edgepack untuned": {"kind": "tvm", "path": str(untuned.host_library), "names": names},
+        "edgepack tuned": {"kind": "tvm", "path": str(tuned.host_library), "names": names},
+        reference_name: {"kind": reference_name, "path": str(test_model.path)},
+    }
+    for spec in runtimes.values():
+        spec["inputs"] = str(inputs_path)
+    say(f"{name}: timing ({args.repeat} runs each, one process per runtime, interleaved)")
+    samples = time_runtimes(runtimes, args.repeat, args.warmup, args.threads)
+    reference_median = statistics.median(samples[reference_name])
+    tvm_bytes = tvm_runtime_bytes()
+    rows = [
+        Row(name, "edgepack untuned", statistics.median(samples["edgepack untuned"]), samples["edgepack untuned"],
+            compile_s=untuned_compile, model_bytes=untuned.device_library.stat().st_size, runtime_bytes=tvm_bytes),
+        Row(name, "edgepack tuned", statistics.median(samples["edgepack tuned"]), samples["edgepack tuned"],
+            compile_s=tuned_compile, tuning_s=summary.seconds, trials=summary.trials,
+            tuned_tasks=f"{summary.tuned_tasks}/{len(summary.tasks)}",
+            model_bytes=tuned.device_library.stat().st_size, runtime_bytes=tvm_bytes),
+        Row(name, reference_name, reference_median, samples[reference_name],
+            model_bytes=test_model.path.stat().st_size,
+            runtime_bytes=ort_runtime_bytes() if reference_name == "onnxruntime" else litert_runtime_bytes()),
+    ]
+    for row in rows:
+        row.ratio = row.median_ms / reference_median
+    return rows
+
+
+def render_markdown(rows: list[Row], meta: dict) -> str:
+    lines = [
+        "| model | runtime | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library | runtime |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        tuning = f"{r.tuning_s / 60:.1f} min ({r.trials}, {r.tuned_tasks})" if r.tuning_s is not None else "-"
+        lines.append(f"| {r.model} | {r.runtime} | {r.median_ms:.2f} | {r.ratio:.2f}x | "
+                     f"{'-' if r.compile_s is None else f'{r.compile_s:.1f}'} | {tuning} | {_size(r.model_bytes)} | "
+                     f"{_size(r.runtime_bytes)} |")
+    return "\n".join(lines)
+
+
+def print_table(rows: list[Row], meta: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"edgepack vs ONNX Runtime / LiteRT, {meta['threads']} thread(s), {meta['cpu']}",
+                  title_justify="left")
+    for col in ("model", "runtime", "median ms", "vs ORT/LiteRT", "compile s", "tuning", "model lib", "runtime"):
+        table.add_column(col, justify="left" if col in ("model", "runtime", "tuning") else "right")
+    for r in rows:
+        tuning = f"{r.tuning_s / 60:.1f} min ({r.trials} trials, {r.tuned_tasks})" if r.tuning_s is not None else ""
+        style = "green" if r.runtime == "edgepack tuned" and r.ratio < 1 else None
+        table.add_row(r.model, r.runtime, f"{r.median_ms:.2f}", f"{r.ratio:.2f}x",
+                      "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning, _size(r.model_bytes),
+                      _size(r.runtime_bytes), style=style)
+    Console(width=max(160, Console().width)).print(table)
+
+
+def write_markdown(path: Path, rows: list[Row], meta: dict, command: str) -> None:
+    text = f"""# Benchmarks
+
+Latest run of `scripts/bench.py` (numbers from one run on one machine; rerun it to get yours):
+
+    {command}
+
+Machine: **{meta['cpu']}**, {meta['cores']}{', ' + meta['memory'] + ' RAM' if 'memory' in meta else ''}{', SIMD: ' + meta['simd'] if 'simd' in meta else ''}.
+Date: {meta['date']}. Threads: **{meta['threads']}** for every runtime (`TVM_NUM_THREADS`, ORT
+`intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in 5 interleaved blocks
+per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
+of the same run (below 1.00x: edgepack is faster).
+
+Tuning: MetaSchedule on this machine, **{meta['trials']} trials per model** (batches of {meta['batch']}),
+target {meta['target']}{' (' + meta['profile_note'] + ')' if meta['profile_note'] else ''}. Tuning time is the
+wall-clock time of `edgepack tune` (all runs of the tuning directory); compile time includes importing the model.
+Model library: the stripped `device/model.so` of the build, or the model file for ONNX Runtime/LiteRT.
+Runtime: `libtvm_runtime.so` + `libtvm_ffi.so`; `libonnxruntime.so`; LiteRT's native libraries
+(`libpywrap_litert_common.so` + interpreter wrapper) as shipped in their Python wheels.
+
+{render_markdown(rows, meta)}
+
+Versions: {meta['versions']}.
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every runtime")
+    parser.add_argument("--trials", type=int, default=600, help="tuning trials per model (default 600)")
+    parser.add_argument("--batch", type=int, default=16, help="candidates per measurement batch")
+    parser.add_argument("--repeat", type=int, default=50, help="timed runs per runtime")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each block of timed runs")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="builds and tuning directories [default: $EDGEPACK_CACHE_DIR/bench]")
+    parser.add_argument("--markdown", type=Path, help="also write the table, machine and command to this file")
+    parser.add_argument("--json", type=Path, help="also write every sample to this JSON file")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    parser.add_argument("--time-one", metavar="JSON", help=argparse.SUPPRESS)  # internal: one timing process
+    args = parser.parse_args(argv)
+    if args.time_one:
+        print(json.dumps(time_one(json.loads(args.time_one))))
+        return 0
+
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM starts its thread pool
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import importlib.metadata as md
+
+    from fetch_models import ensure_models
+
+    def say(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    from edgepack.paths import cache_root
+
+    models = ensure_models()
+    args.work = args.work or cache_root() / "bench"
+    args.work.mkdir(parents=True, exist_ok=True)
+    profile, note = host_profile(args.work)
+    if note:
+        say(f"Using the {note}")
+    rows: list[Row] = []
+    for name in args.models:
+        rows.extend(bench_model(name, models[name], profile, args, args.work, say))
+
+    info = machine()
+    versions = ", ".join(f"{p} {md.version(p)}" for p in ("apache-tvm", "apache-tvm-ffi", "onnxruntime", "ai-edge-litert"))
+    target = " ".join(f"{k}={v}" for k, v in profile.target.items())
+    meta = info | {"threads": args.threads, "repeat": args.repeat, "warmup": args.warmup, "trials": args.trials,
+                   "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                   "profile_note": note, "target": f"`{target}`", "versions": versions}
+    print_table(rows, meta)
+    command = "python scripts/bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:])
+                                                    if not a.startswith("--markdown") and a != str(args.markdown))
+    if args.markdown:
+        write_markdown(args.markdown, rows, meta, command.strip())
+        say(f"Wrote {args.markdown}")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": [r.__dict__ for r in rows]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

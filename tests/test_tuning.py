@@ -1,0 +1,383 @@
+"""Tuning (edgepack.tuning, `edgepack tune`, `edgepack tuning show`, `compile --tuning`).
+
+Fast tests use hand-written tuning directories (no measurement). The slow ones tune a real model
+for a handful of trials on this machine, interrupt it (Ctrl-C, then SIGKILL), resume it, check that
+no finished measurement was lost or redone, compile with the records and validate against ONNX
+Runtime; and do the same through the RPC tracker of a farm of emulated aarch64 devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import assert_clean_error, run_cli
+
+from edgepack.tuning import (
+    RECORD_FILE,
+    WORKLOAD_FILE,
+    TuningError,
+    TuningMismatchError,
+    load_tuning,
+    parse_duration,
+    repair_database,
+    write_best_records,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-written tuning directories
+
+
+def _record(workload: int, seconds: float | None) -> str:
+    run_secs = [seconds, seconds] if seconds is not None else [1e10]
+    return json.dumps([workload, [[[], []], run_secs, {"kind": "llvm"}, []]]) + "\n"
+
+
+def _fake_dir(root: Path, records: list[tuple[int, float | None]]) -> Path:
+    """Two tasks: conv (weight 2, workload 0) and add (weight 1, workload 1)."""
+    root.mkdir(parents=True, exist_ok=True)
+    meta = {"model_name": "m.onnx", "model_sha256": "ab" * 32, "model_format": "onnx",
+            "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]}], "profile": "host",
+            "target": {"kind": "llvm"}, "tuning_target": {"kind": "llvm", "num-cores": 2},
+            "tvm_version": "0.27.0.post1", "tvm_ffi_version": "0.1.14.post1", "edgepack_version": "0.1.0",
+            "created": "2026-01-01T00:00:00+00:00"}
+    tasks = {"tasks": [{"name": "fused_conv", "workload": "111", "weight": 2, "flop": 2e6},
+                       {"name": "add", "workload": "222", "weight": 1, "flop": 0.0}]}
+    (root / "tuning.json").write_text(json.dumps(meta))
+    (root / "tasks.json").write_text(json.dumps(tasks))
+    (root / WORKLOAD_FILE).write_text('["111","AAAA"]\n["222","BBBB"]\n')
+    (root / RECORD_FILE).write_text("".join(_record(w, s) for w, s in records))
+    return root
+
+
+def test_parse_duration():
+    assert parse_duration("30m") == 1800
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90s") == parse_duration("90") == parse_duration(90) == 90
+    assert parse_duration(None) is None
+    for bad in ("soon", "30x", "m30", ""):
+        with pytest.raises(TuningError, match="Cannot read the duration"):
+            parse_duration(bad)
+
+
+def test_load_tuning_counts_best_and_share(tmp_path):
+    d = _fake_dir(tmp_path / "t", [(0, 0.004), (0, 0.002), (0, None), (1, 0.001), (0, 0.003)])
+    summary = load_tuning(d)
+    conv, add = summary.tasks
+    assert (conv.trials, conv.failed, conv.best_seconds) == (4, 1, 0.002)
+    assert (add.trials, add.failed, add.best_seconds) == (1, 0, 0.001)
+    # share of model time: weight x best latency
+    assert conv.share == pytest.approx(0.004 / 0.005) and add.share == pytest.approx(0.001 / 0.005)
+    assert summary.trials == 5 and summary.tuned_tasks == 2
+    assert summary.estimated_seconds == pytest.approx(0.005)
+    assert conv.gflops == pytest.approx(2e6 / 0.002 / 1e9)
+
+
+def test_a_torn_last_line_is_ignored_then_repaired(tmp_path):
+    d = _fake_dir(tmp_path / "t", [(0, 0.004), (1, 0.001)])
+    with open(d / RECORD_FILE, "a") as f:
+        f.write(_record(0, 0.001)[:40])  # the tuner was killed while appending this record
+    summary = load_tuning(d)
+    assert summary.trials == 2 and summary.ignored_lines == 1
+    assert summary.tasks[0].best_seconds == 0.004  # the torn record does not count
+    assert repair_database(d) == [f"dropped a torn last line of {RECORD_FILE}"]
+    assert (d / RECORD_FILE).read_text() == _record(0, 0.004) + _record(1, 0.001)
+    assert repair_database(d) == []  # idempotent
+    assert load_tuning(d).ignored_lines == 0
+
+
+def test_a_torn_workload_line_and_damaged_records_are_repaired(tmp_path):
+    d = _fake_dir(tmp_path / "t", [(0, 0.004)])
+    with open(d / WORKLOAD_FILE, "a") as f:
+        f.write('["333","CC')
+    with open(d / RECORD_FILE, "a") as f:
+        f.write("not json\n" + _record(1, 0.001) + _record(7, 0.001))  # 7: no such workload
+    done = repair_database(d)
+    assert done[0] == f"dropped a torn last line of {WORKLOAD_FILE}"
+    assert "without 2 unreadable lines" in done[1]
+    lines = [json.loads(line) for line in (d / RECORD_FILE).read_text().splitlines()]
+    assert lines == [json.loads(_record(0, 0.004)), json.loads(_record(1, 0.001))]
+    assert list(d.glob(f"{RECORD_FILE}.damaged-*"))  # the original is kept
+
+
+def test_unreadable_workloads_in_the_middle_are_refused(tmp_path):
+    d = _fake_dir(tmp_path / "t", [(0, 0.004)])
+    (d / WORKLOAD_FILE).write_text('["111","AAAA"]\ngarbage\n["222","BBBB"]\n')
+    with pytest.raises(TuningError, match="unreadable lines in the middle"):
+        repair_database(d)
+
+
+def test_best_records_copy(tmp_path):
+    d = _fake_dir(tmp_path / "t", [(0, 0.004), (0, 0.002), (1, None), (0, 0.003)])
+    assert write_best_records(d, tmp_path / "best") == 1  # task "add" has no valid record
+    best = load_tuning(tmp_path / "best")
+    assert [(t.trials, t.best_seconds) for t in best.tasks] == [(1, 0.002), (0, None)]
+    assert (tmp_path / "best" / WORKLOAD_FILE).read_text() == '["111","AAAA"]\n'
+
+
+def test_not_a_tuning_directory(tmp_path):
+    with pytest.raises(TuningError, match="is not a tuning directory"):
+        load_tuning(tmp_path)
+
+
+def test_records_for_another_model_shape_or_target_are_refused(models, tmp_path):
+    import tvm
+
+    from edgepack.importers import import_model
+    from edgepack.profiles import get_profile
+    from edgepack.tuning import _ensure_directory, _meta_for, _tuning_target, check_tuning
+
+    host = get_profile("host")
+    cls = models["ppocr_cls"]
+    imported = import_model(cls.path, cls.input_shapes)
+    meta = _meta_for(imported, host, _tuning_target(host, 2))
+    directory = tmp_path / "t"
+    _ensure_directory(directory, meta, [])
+    (directory / WORKLOAD_FILE).touch()
+    (directory / RECORD_FILE).touch()
+
+    assert check_tuning(directory, imported, host.tvm_target()).trials == 0  # the same: accepted
+
+    with pytest.raises(TuningMismatchError, match="another target"):
+        check_tuning(directory, imported, get_profile("rpi4").tvm_target())
+    with pytest.raises(TuningMismatchError, match=r"other input shapes \(x:1,3,48,192, not x:1,3,48,320\)"):
+        check_tuning(directory, import_model(cls.path, {"x": (1, 3, 48, 320)}), host.tvm_target())
+    other = SimpleNamespace(info=SimpleNamespace(sha256="0" * 64), inputs=imported.inputs)
+    with pytest.raises(TuningMismatchError, match="another model") as err:
+        check_tuning(directory, other, tvm.target.Target({"kind": "llvm"}))
+    assert "tune this one into its own directory" in err.value.hint
+
+
+def test_tuning_show_cli(tmp_path):
+    d = _fake_dir(tmp_path / "t", [(0, 0.004), (0, 0.002), (1, 0.001)])
+    shown = run_cli("tuning", "show", str(d), "--json", check=True)
+    data = json.loads(shown.stdout)
+    assert data["trials"] == 3 and [t["trials"] for t in data["tasks"]] == [2, 1]
+    table = run_cli("tuning", "show", str(d), check=True).stdout
+    for needle in ("fused_conv", "share", "80.0%", "3 trials over 2/2 tasks"):
+        assert needle in table, table
+    assert_clean_error(run_cli("tuning", "show", str(tmp_path / "nothing")), "is not a tuning directory")
+
+
+def test_tune_refuses_what_it_cannot_measure(models, tmp_path):
+    model = models["light_squeezenet"].path
+    assert_clean_error(run_cli("tune", str(model), "--profile", "rpi4", "--on", "host", "-o", str(tmp_path / "a")),
+                       "cannot be measured on this machine", "--on farm:rpi4")
+    assert_clean_error(run_cli("tune", str(model), "--time-budget", "soon", "-o", str(tmp_path / "b")),
+                       "Cannot read the duration")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("mine")
+    assert_clean_error(run_cli("tune", str(model), "-o", str(tmp_path / "c")), "is not a tuning directory")
+
+
+# ---------------------------------------------------------------------------------------------
+# real tuning on this machine
+
+
+def _popen_cli(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.Popen([sys.executable, "-m", "edgepack", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+
+
+def _record_lines(directory: Path) -> int:
+    path = directory / RECORD_FILE
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _wait_for_records(directory: Path, count: int, proc: subprocess.Popen, timeout: float = 600) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = _record_lines(directory)
+        if n >= count:
+            return n
+        if proc.poll() is not None:
+            raise AssertionError(f"tune exited ({proc.returncode}) with {n} records:\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"fewer than {count} records after {timeout} s")
+
+
+def _distinct_schedules(directory: Path) -> tuple[int, int]:
+    """(records, distinct (kernel, scheduled program) pairs): equal when nothing was measured twice."""
+    import tvm_ffi
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    database = JSONDatabase(path_workload=str(directory / WORKLOAD_FILE),
+                            path_tuning_record=str(directory / RECORD_FILE))
+    seen = set()
+    records = database.get_all_tuning_records()
+    for record in records:
+        sch = Schedule(record.workload.mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        seen.add((tvm_ffi.structural_hash(record.workload.mod), tvm_ffi.structural_hash(sch.mod)))
+    return len(records), len(seen)
+
+
+@pytest.mark.slow
+def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
+    """Ctrl-C, then SIGKILL, then resume: every finished measurement is kept, none is redone."""
+    from edgepack.compiler import compile_model
+    from edgepack.validation import validate
+
+    model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
+    out = tmp_path / "tuning"
+    batch, trials = 8, 40
+    # its two heaviest convolutions: each gets a probe batch (4), then batches of 8 revisit them
+    command = ("tune", str(model.path), "--input-shape", "x:1,3,48,192", "--profile", "host", "--on", "host",
+               "-o", str(out), "--trials", str(trials), "--batch", str(batch),
+               "--task", "fused_conv2d36_", "--task", "fused_conv2d40_")
+
+    # 1. Ctrl-C once the first batch is recorded: the batch in flight is finished and recorded, exit 130
+    proc = _popen_cli(*command)
+    _wait_for_records(out, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    text = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "Rerun the same command to resume" in " ".join(text.split())
+    after_interrupt = (out / RECORD_FILE).read_bytes()
+    n1 = _record_lines(out)
+    assert n1 in (4, 8, 16), text  # whole batches only
+
+    # 2. SIGKILL in the middle of the next run: what was recorded stays, byte for byte
+    proc = _popen_cli(*command)
+    _wait_for_records(out, n1 + batch, proc)
+    proc.kill()
+    proc.wait(timeout=60)
+    after_kill = (out / RECORD_FILE).read_bytes()
+    assert after_kill.startswith(after_interrupt)
+    n2 = _record_lines(out)
+    assert n1 < n2 < trials
+
+    # 3. the same command resumes and stops at the trial budget
+    result = json.loads(run_cli(*command, "--json", check=True).stdout)
+    assert result["trials_before"] == n2 and result["trials_run"] == trials - n2
+    assert result["trials"] == trials and result["stopped"] == "trials"
+    assert (out / RECORD_FILE).read_bytes().startswith(after_kill)
+    records, distinct = _distinct_schedules(out)
+    assert records == distinct == trials  # no schedule was measured twice across the four runs
+    assert result["runs"] == 3
+
+    # 4. once more: nothing left to do, nothing touched
+    before = (out / RECORD_FILE).read_bytes()
+    again = json.loads(run_cli(*command, "--json", check=True).stdout)
+    assert again["trials_run"] == 0 and again["stopped"] == "nothing to do"
+    assert (out / RECORD_FILE).read_bytes() == before
+
+    summary = load_tuning(out)
+    tuned = [t for t in summary.tasks if t.trials]
+    assert sorted(t.name.split("_")[1] for t in tuned) == ["conv2d36", "conv2d40"]
+    assert all(t.best_seconds for t in tuned)
+    assert sum(t.share for t in tuned) == pytest.approx(1.0)
+
+    # 5. compiled with the records, the model validates like an untuned one
+    build = compile_model(model.path, "host", tmp_path / "build", input_shapes=model.input_shapes, tuning=out)
+    assert build.manifest.tuning == str(out.resolve())
+    report = validate(build.output_dir, "host")
+    assert report.passed, report.to_dict()
+
+    # the records fit only this model: another one is refused before any build
+    with pytest.raises(TuningMismatchError, match="another model"):
+        compile_model(models["mobilenetv2"].path, "host", tmp_path / "other", tuning=out)
+    assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.slow
+def test_tune_with_a_time_budget(models, tmp_path):
+    out = tmp_path / "tuning"
+    started = time.monotonic()
+    result = json.loads(run_cli("tune", str(models["ppocr_cls"].path), "--input-shape", "x:1,3,48,192", "-o", str(out),
+                                "--trials", "10000", "--time-budget", "45s", "--batch", "4", "--json",
+                                check=True).stdout)
+    assert result["stopped"] == "time" and 0 < result["trials"] < 10000
+    assert time.monotonic() - started < 45 + 240  # the batch in flight, plus imports and setup
+    assert result["seconds"] >= 45
+    # the budget is for the directory: a rerun has nothing left
+    again = json.loads(run_cli("tune", str(models["ppocr_cls"].path), "-o", str(out), "--trials", "10000",
+                               "--time-budget", "45s", "--json", check=True).stdout)
+    assert again["stopped"] == "nothing to do" and again["trials"] == result["trials"]
+
+
+# ---------------------------------------------------------------------------------------------
+# real tuning on emulated devices (the farm-in-a-box of scripts/farm.sh)
+
+TRACKER_PORT = 19290  # not the default, nor test_devices' 19190
+
+
+@pytest.fixture(scope="module")
+def farm_inventory(tmp_path_factory):
+    """Two emulated rpi4 devices in a private inventory, trusted, behind a running `edgepack farm`."""
+    from farm_helpers import farm_info, farm_sh, farm_skip_reason, farm_state_dir
+
+    reason = farm_skip_reason(need_cross_compiler=True)
+    if reason:
+        pytest.skip(reason)
+    was_running = (farm_state_dir() / "farm.json").exists()
+    farm_sh("start", "2")
+    info = farm_info()
+    config = tmp_path_factory.mktemp("config")
+    inventory = config / "edgepack" / "devices.toml"
+    env = {"XDG_CONFIG_HOME": str(config), "EDGEPACK_INVENTORY": str(inventory)}
+    inv = ("--inventory", str(inventory))
+    try:
+        for d in info["devices"]:
+            run_cli("device", "add", d["name"], "--host", d["address"], "--user", d["user"], "--profile", "rpi4",
+                    "--key", d["key_path"], "--port", str(d["port"]), *inv, env=env, check=True)
+            run_cli("device", "trust", d["name"], "--yes", *inv, env=env, check=True)
+        run_cli("farm", "start", "--port", str(TRACKER_PORT), *inv, env=env, check=True)
+        yield {"env": env, "inventory": inventory, "devices": [d["name"] for d in info["devices"]]}
+    finally:
+        run_cli("farm", "stop", *inv, env=env)
+        if was_running:
+            farm_sh("start", "2", check=False)  # leave someone else's farm as we found it (revived)
+        else:
+            farm_sh("stop", check=False)
+
+
+@pytest.mark.slow
+def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_inventory, tmp_path):
+    from edgepack.compiler import compile_model
+    from edgepack.validation import validate
+
+    env = farm_inventory["env"]
+    cls = models["ppocr_cls"]
+    out = tmp_path / "tuning"
+    common = ("tune", str(cls.path), "--input-shape", "x:1,3,48,192", "--profile", "rpi4", "-o", str(out),
+              "--batch", "4", "--task", "conv2d", "--trials", "12")
+
+    # candidates built here with the aarch64 cross compiler, measured on the devices through the tracker;
+    # killed once the first batch is recorded
+    proc = subprocess.Popen([sys.executable, "-m", "edgepack", *common, "--on", "farm:rpi4"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **env), cwd=ROOT)
+    _wait_for_records(out, 4, proc, timeout=900)
+    proc.kill()
+    proc.wait(timeout=60)
+    before = (out / RECORD_FILE).read_bytes()
+    first = load_tuning(out)
+    assert first.trials in (4, 8)
+    measured = [t for t in first.tasks if t.trials]
+    assert measured and all(t.best_seconds for t in measured)  # real timings from the devices
+
+    # resumed on one device (SSH tunnel to its RPC server): the first records are kept, none redone
+    second = json.loads(run_cli(*common, "--json", "--on", farm_inventory["devices"][0], env=env,
+                                check=True).stdout)
+    assert second["on"] == farm_inventory["devices"][0]
+    assert second["trials_before"] == first.trials and second["trials"] == 12
+    assert second["trials_run"] == 12 - first.trials
+    assert (out / RECORD_FILE).read_bytes().startswith(before)
+    assert _distinct_schedules(out) == (12, 12)
+
+    build = compile_model(cls.path, "rpi4", tmp_path / "build", input_shapes=cls.input_shapes, tuning=out)
+    report = validate(build.output_dir, "emulator")
+    assert report.passed, report.to_dict()
