@@ -246,7 +246,8 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     untuned = compile_model(test_model.path, profile, builds / f"{name}-untuned", input_shapes=shapes, force=True)
     untuned_compile = time.perf_counter() - started
 
-    tuning_dir = work / "tuning" / f"{name}-{profile.name}"  # a rerun with more --trials tunes on from here
+    # a rerun with more --trials tunes on from here; schedules are for --threads cores
+    tuning_dir = work / "tuning" / f"{name}-{profile.name}-{args.threads}t"
     say(f"{name}: tuning ({args.trials} trials, resumable in {tuning_dir})")
 
     def progress(p) -> None:
@@ -255,7 +256,7 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
             say(f"  {p.trials}/{p.trials_budget} {task.name} best {task.best_seconds and task.best_seconds * 1e3:.3f} ms")
 
     tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=args.trials, input_shapes=shapes,
-                              trials_per_batch=args.batch, progress=progress,
+                              trials_per_batch=args.batch, num_cores=args.threads, progress=progress,
                               log=(lambda m: say(f"  {m}")) if args.verbose else None)
     if tuned_result.stopped == "interrupted":
         raise KeyboardInterrupt
@@ -344,7 +345,8 @@ Date: {meta['date']}. Threads: **{meta['threads']}** for every runtime (`TVM_NUM
 per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
 of the same run (below 1.00x: edgepack is faster).
 
-Tuning: MetaSchedule on this machine, **{meta['trials']} trials per model** (batches of {meta['batch']}),
+Tuning: MetaSchedule on this machine, **{meta['trials']} trials per model** (batches of {meta['batch']}), schedules
+for {meta['threads']} core(s) measured with {meta['threads']} thread(s),
 target {meta['target']}{' (' + meta['profile_note'] + ')' if meta['profile_note'] else ''}. Tuning time is the
 wall-clock time of `edgepack tune` (all runs of the tuning directory); compile time includes importing the model.
 Model library: the stripped `device/model.so` of the build, or the model file for ONNX Runtime/LiteRT.
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(time_one(json.loads(args.time_one))))
         return 0
 
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM starts its thread pool
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM starts its thread pool (tuning measures so)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import importlib.metadata as md
 
