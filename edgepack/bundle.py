@@ -8,7 +8,9 @@
       examples/main.c         a runner: loads the model, runs it on .npy inputs, writes .npy outputs
       bin/edgepack_run        that runner built against the shared libraries (RUNPATH $ORIGIN/../lib)
       bin/edgepack_run_static the runner with model and runtime linked in: one self-contained file
-                              (CPU profiles; OpenCL bundles add lib/libtvm_opencl.so, shared only so far)
+                              (CPU and OpenCL profiles; OpenCL bundles add lib/libtvm_opencl.so and
+                              lib/libtvm_opencl.a, linked into it; Vulkan bundles add lib/libtvm_vulkan.so +
+                              lib/libwgpu_native.so, shared only so far)
       CMakeLists.txt, Makefile
       manifest.json           every file with its size and sha256, the model's inputs and outputs
 
@@ -110,23 +112,33 @@ def package_c(
     build_dir, output_dir = Path(build_dir), Path(output_dir)
     manifest = read_manifest(build_dir)
     profile = profile_from_dict(manifest.profile)
-    if profile.backend not in ("cpu", "opencl"):
+    if profile.backend not in ("cpu", "opencl", "vulkan"):
         raise EdgepackError(f"C bundles for {profile.backend} profiles are not supported yet.",
-                            "Package a build for a CPU or OpenCL profile (rpi4, rpi3, android-arm64, mali-g610).")
-    gpu = profile.backend == "opencl"
+                            "Package a build for a CPU, OpenCL or Vulkan profile (rpi4, mali-g610, vulkan-generic).")
+    gpu = profile.backend in ("opencl", "vulkan")
+    if profile.backend == "vulkan":  # no wgpu-native for the triple (Android): say so before any build
+        from edgepack import vulkan
+
+        vulkan.wgpu_native(profile.triple, log=say)
     check_output_dir(output_dir, force)
     compilers = find_compilers(profile)
     say(f"Preparing the TVM runtime for {profile.triple}")
-    runtime = target_runtime(profile, compilers, need_static=not gpu, progress=say)
+    static_variant = profile.backend in ("cpu", "opencl")  # not yet for Vulkan (wgpu-native is shared only)
+    runtime = target_runtime(profile, compilers, need_static=static_variant, progress=say)
     meta = (build_dir / manifest.artifacts["device_meta"].path).read_text()
 
     with atomic_directory(output_dir, force=force) as staging, tempfile.TemporaryDirectory() as tmp:
         static_lib = None
-        if not gpu:  # the static (system library) variant of GPU builds is not supported yet
+        if static_variant:
             say("Building the static model library (system library)")
             imported = import_model(build_dir / manifest.model_file,
                                     {t.name: tuple(t.shape) for t in manifest.inputs})
-            system_exe = compiler.build(imported, profile.tvm_target(), system_lib=True)
+            if profile.backend == "opencl":  # host code + the OpenCL kernels (devc.o) in the system library
+                from edgepack import opencl
+
+                system_exe, _report = opencl.build_gpu(imported, profile.tvm_target(), system_lib=True)
+            else:
+                system_exe = compiler.build(imported, profile.tvm_target(), system_lib=True)
             static_lib = native.export_model_static(system_exe, Path(tmp) / "libmodel.a", compilers.cc,
                                                     meta_text=meta)
 
@@ -134,16 +146,20 @@ def package_c(
         native.write_c_bundle(staging, runtime, model_shared=build_dir / manifest.artifacts["device_library"].path,
                               model_static=static_lib, meta_text=meta)
         if gpu:
-            from edgepack import opencl
+            from edgepack import opencl, vulkan
 
-            say("Adding the OpenCL runtime module")
-            for rel, source in opencl.bundle_files(profile.triple, compilers.cc, compilers.cxx, log=say).items():
+            gpu_runtime = vulkan if profile.backend == "vulkan" else opencl
+            say(f"Adding the {'Vulkan (wgpu-native)' if gpu_runtime is vulkan else 'OpenCL'} runtime module")
+            for rel, source in gpu_runtime.bundle_files(profile.triple, compilers.cc, compilers.cxx, log=say).items():
                 shutil.copy2(source, staging / rel)
         say("Building the example runner")
         native.build_c_program(runtime, staging / RUNNER, cc=compilers.cc, rpath=["$ORIGIN/../lib"], strip=True)
         if static_lib is not None:
+            # an OpenCL bundle's static runner has the OpenCL runtime linked in (no dlopen of the plug-in)
+            plugin_archives = [p for p in [staging / "lib" / "libtvm_opencl.a"] if p.is_file()]
             native.build_c_program(runtime, staging / STATIC_RUNNER, cc=compilers.cc, static=True,
-                                   model_archive=staging / "lib" / "libmodel.a", strip=True)
+                                   model_archive=staging / "lib" / "libmodel.a", extra_archives=plugin_archives,
+                                   strip=True)
         files = tuple(_describe(staging, p) for p in sorted(staging.rglob("*")) if p.is_file())
         bundle = CBundle(output_dir, profile.name, profile.triple, runtime.origin, manifest.inputs,
                          manifest.outputs, files)
@@ -156,7 +172,7 @@ def _describe(root: Path, path: Path) -> BundleFile:
     name = path.name
     if name in ("model.so", "model.meta", "libmodel.a"):
         role = "model"
-    elif name.startswith("libtvm"):  # libtvm_runtime, libtvm_ffi, libtvm_opencl
+    elif name.startswith(("libtvm", "libwgpu")):  # libtvm_runtime, libtvm_ffi, libtvm_opencl/vulkan, wgpu-native
         role = "runtime"
     elif rel.startswith("bin/"):
         role = "program"
@@ -263,6 +279,14 @@ def _ensure_dir(path: Path) -> Path:
 def run_on_emulator(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """A BuildRunner: the device library, run by the C runner under qemu-user (no Python involved)."""
     profile = profile_from_dict(manifest.profile)
+    if profile.backend == "opencl":  # no emulated OpenCL GPU: say so, and what to use instead
+        from edgepack.opencl import refuse_emulator
+
+        refuse_emulator(build_dir, manifest)
+    if profile.backend == "vulkan":  # no emulated Vulkan GPU either
+        from edgepack import vulkan
+
+        vulkan.refuse_emulator(build_dir, manifest)
     prefix = emulator_command(profile)
     runner = _runner_for_profile(profile)
     library = build_dir / manifest.artifacts["device_library"].path

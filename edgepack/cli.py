@@ -67,19 +67,20 @@ def profiles(as_json: JsonOption = False) -> None:
 def inspect(
     model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model, or a build directory (with --kernels).")],
     ir: Annotated[bool, typer.Option("--ir", help="Also print the Relax IR before and after operator fusion.")] = False,
-    kernels: Annotated[bool, typer.Option("--kernels", help="For a GPU build directory: its OpenCL kernels with launch sizes.")] = False,
+    kernels: Annotated[bool, typer.Option("--kernels", help="For a GPU build directory: its OpenCL kernels / WGSL shaders with launch sizes.")] = False,
     input_shape: InputShapeOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show a model's inputs, outputs, operators and any operator edgepack cannot compile."""
     if kernels:
-        from edgepack import opencl
+        from edgepack import opencl, vulkan
 
-        found = opencl.kernels(model)
+        gpu = vulkan if vulkan.is_vulkan_build(model) else opencl  # WGSL shaders or OpenCL kernels
+        found = gpu.kernels(model)
         if as_json:
             _print_json([k.to_dict() for k in found])
         else:
-            render.console.print(opencl.render_kernels(found), markup=False, highlight=False)
+            render.console.print(gpu.render_kernels(found), markup=False, highlight=False)
         return
 
     from edgepack.importers import inspect_model, parse_input_shapes
@@ -142,7 +143,7 @@ def compile_(
 @app.command()
 def validate(
     build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
-    on: Annotated[str, typer.Option("--on", help="Where to run the build: host, host-opencl (GPU builds on this machine's OpenCL), emulator (the C runner under qemu-user), a device NAME, or farm:PROFILE.")] = "host",
+    on: Annotated[str, typer.Option("--on", help="Where to run the build: host, host-opencl / host-vulkan (GPU builds on this machine's OpenCL / Vulkan), emulator (the C runner under qemu-user), a device NAME, or farm:PROFILE.")] = "host",
     inventory: Annotated[Path | None, typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", help="Device inventory [default: ~/.config/edgepack/devices.toml].")] = None,
     inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,

@@ -181,7 +181,8 @@ def tuning_result(result, model: Path | None = None, input_shapes: list[str] | N
 def tune(
     model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model.")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="Device profile (see `edgepack profiles`).")] = "host",
-    on: Annotated[str, typer.Option("--on", help="Where candidates are measured: host (host profiles), a device of the "
+    on: Annotated[str, typer.Option("--on", help="Where candidates are measured: host (host profiles), host-opencl (OpenCL "
+                                                 "profiles, on this machine's OpenCL device), a device of the "
                                                  "inventory, or farm:PROFILE (every device of the running farm).")] = "host",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Tuning directory; an existing one for the same "
                                                                        "model and target is resumed "

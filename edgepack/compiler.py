@@ -91,7 +91,7 @@ def compile_model(
             + (f" with tuned kernels ({tuned.tuned_tasks}/{tuned.total_tasks})" if tuned else ""))
         device_target = profile.tvm_target()
         gpu_report = None
-        if profile.backend == "opencl":
+        if profile.backend in ("opencl", "vulkan"):
             device_exe, gpu_report = build_gpu(imported, device_target,
                                                relax_pipeline=tuned.relax_pipeline if tuned else None)
         else:
@@ -103,12 +103,14 @@ def compile_model(
             host_library = DEVICE_LIBRARY
             host_target = device_target
         elif gpu_report is not None:
-            say("Building for this machine: x86 host code + the same OpenCL kernels (validate --on host-opencl)")
+            shaders = "WGSL shaders" if profile.backend == "vulkan" else "OpenCL kernels"
+            say(f"Building for this machine: x86 host code + the same {shaders} (validate --on host-{profile.backend})")
             host_target = gpu_host_target(profile)
-            host_exe, _ = build_gpu(imported, host_target)
+            # the same kernels as the device library (tuned ones too): what host-opencl validates ships
+            host_exe, _ = build_gpu(imported, host_target, relax_pipeline=tuned.relax_pipeline if tuned else None)
             export_library(host_exe, staging / HOST_LIBRARY, None)
             host_library = HOST_LIBRARY
-            artifacts.update(_gpu_artifacts(staging, device_exe, gpu_report))
+            artifacts.update(_gpu_artifacts(staging, device_exe, gpu_report, profile.backend))
         else:
             say("Building for this machine (host validation)")
             host_target = _tvm_target(HOST_TARGET)
@@ -139,7 +141,7 @@ def compile_model(
             },
             compile_seconds=round(time.perf_counter() - started, 2),
             tuning=str(Path(tuning).resolve()) if tuning is not None else None,
-            extra={"opencl": gpu_report.to_dict()} if gpu_report is not None else {},
+            extra=_gpu_extra(profile.backend, gpu_report) if gpu_report is not None else {},
         )
         manifest.write(staging)
     return CompileResult(output_dir=output_dir, manifest=manifest)
@@ -169,9 +171,14 @@ def build(imported: ImportedModel, target, *, system_lib: bool = False, relax_pi
 
 
 def build_gpu(imported: ImportedModel, target, *, relax_pipeline=None):
-    """``build`` for an OpenCL target: TVM's default GPU pipeline (the target's dlight rules),
-    returning ``(executable, opencl.GpuReport)``; CompileError names functions without a GPU schedule."""
+    """``build`` for an OpenCL or webgpu (Vulkan) target: TVM's default GPU pipeline (the target's dlight
+    rules), returning ``(executable, opencl.GpuReport)``; CompileError names functions without a GPU schedule."""
     from edgepack import opencl
+
+    if str(target.kind.name) == "webgpu":  # Vulkan profiles: WGSL for wgpu-native (edgepack.vulkan)
+        from edgepack import vulkan
+
+        return vulkan.build_gpu(imported, target, relax_pipeline=relax_pipeline)
 
     return opencl.build_gpu(imported, target, relax_pipeline=relax_pipeline)
 
@@ -183,11 +190,20 @@ def gpu_host_target(profile: Profile):
     return tvm.target.Target(profile.target, host=HOST_TARGET)
 
 
-def _gpu_artifacts(root: Path, executable, report) -> dict[str, Artifact]:
-    from edgepack import opencl
+def _gpu_artifacts(root: Path, executable, report, backend: str = "opencl") -> dict[str, Artifact]:
+    from edgepack import opencl, vulkan
 
-    written = opencl.write_kernel_files(root, executable, report)
+    written = (vulkan if backend == "vulkan" else opencl).write_kernel_files(root, executable, report)
     return {name: Artifact.of(root, rel) for name, rel in written.items()}
+
+
+def _gpu_extra(backend: str, report) -> dict:
+    """manifest.extra of a GPU build: the schedule report under the backend's name."""
+    if backend == "vulkan":
+        from edgepack import vulkan
+
+        return {vulkan.EXTRA_KEY: vulkan.report_dict(report)}
+    return {"opencl": report.to_dict()}
 
 
 def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers) -> dict[str, Artifact]:

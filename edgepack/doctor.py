@@ -69,6 +69,13 @@ def _opencl() -> Check:
     return Check("OpenCL device", ok, found, "validate --on host-opencl (GPU profiles)", "" if ok else hint)
 
 
+def _vulkan() -> Check:
+    from edgepack.vulkan import host_vulkan_status
+
+    ok, found, hint = host_vulkan_status()
+    return Check("Vulkan driver", ok, found, "validate --on host-vulkan (Vulkan profiles)", "" if ok else hint)
+
+
 def _ndk() -> Check:
     try:
         compilers = find_compilers(get_profile("android-arm64"))
@@ -95,6 +102,6 @@ def run_checks() -> list[Check]:
     for qemu in dict.fromkeys(p.emulator.command[0] for p in emulated):
         users = [p for p in emulated if p.emulator.command[0] == qemu]
         checks.append(_tool(qemu, "runs " + ", ".join(p.name for p in users), users[0].emulator.apt_package))
-    checks += [_binfmt(), _opencl(), _tool("cmake", "C bundles", "cmake"),
+    checks += [_binfmt(), _opencl(), _vulkan(), _tool("cmake", "C bundles", "cmake"),
                _tool("javac", "Java/JNI bindings", "openjdk-17-jdk-headless"), _ndk()]
     return checks

@@ -71,7 +71,19 @@ class ModelInfo:
             "outputs": [t.to_dict() for t in self.outputs],
             "operator_counts": self.operator_counts,
             "unsupported_operators": self.unsupported_operators,
+            # per operator: whether edgepack (TVM's frontend + edgepack's converters) can compile it
+            "operators": [{"name": op, "count": n, "supported": op not in self.unsupported_operators}
+                          for op, n in self.operator_counts.items()],
+            "support": self.support_summary(),
         }
+
+    def support_summary(self) -> dict[str, int]:
+        nodes = sum(self.operator_counts.values())
+        bad_nodes = sum(self.unsupported_operators.values())
+        return {"operators": len(self.operator_counts),
+                "supported_operators": len(self.operator_counts) - len(self.unsupported_operators),
+                "unsupported_operators": len(self.unsupported_operators),
+                "nodes": nodes, "supported_nodes": nodes - bad_nodes, "unsupported_nodes": bad_nodes}
 
 
 @dataclass(frozen=True)
@@ -234,9 +246,9 @@ def _onnx_value_spec(value) -> TensorSpec:
 
 
 def _onnx_supported_ops() -> set[str]:
-    from tvm.relax.frontend.onnx import onnx_frontend
+    from edgepack.onnx_ops import supported_operators
 
-    return set(onnx_frontend._get_convert_map())
+    return supported_operators()
 
 
 def _inspect_onnx(path: Path) -> ModelInfo:
@@ -257,15 +269,23 @@ def _onnx_op_name(node) -> str:
 
 
 def _import_onnx(info: ModelInfo, inputs: tuple[TensorSpec, ...]):
-    from tvm.relax.frontend.onnx import from_onnx
+    from edgepack.onnx_ops import from_onnx  # TVM's frontend with edgepack's converters
 
-    model = _fold_onnx_constants(_load_onnx(info.path), inputs)
-    return from_onnx(
-        model,
-        shape_dict={t.name: list(t.shape) for t in inputs},
-        dtype_dict={t.name: t.dtype for t in inputs},
-        opset=info.opset,
-    )
+    static = _load_onnx(info.path)
+    folded = _fold_onnx_constants(static, inputs)  # also fixes the input shapes of ``static``
+    kwargs = {"shape_dict": {t.name: list(t.shape) for t in inputs},
+              "dtype_dict": {t.name: t.dtype for t in inputs}, "opset": info.opset}
+    try:
+        return from_onnx(folded, **kwargs)
+    except Exception as first:
+        if folded is static:
+            raise
+        # ONNX Runtime inlines function operators it has no kernel for (GroupNormalization-21, ...)
+        # into shape arithmetic TVM cannot import; edgepack converts those itself: try the graph as written.
+        try:
+            return from_onnx(static, **kwargs)
+        except Exception:  # noqa: BLE001 - the folded graph's error is the one to report
+            raise first from None
 
 
 def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
@@ -378,7 +398,34 @@ def _import_tflite(info: ModelInfo, inputs: tuple[TensorSpec, ...]):
         model,
         shape_dict={t.name: tuple(t.shape) for t in inputs},
         dtype_dict={t.name: t.dtype for t in inputs},
+        op_converter=_tflite_operator_converter(),
     )
+
+
+def _tflite_operator_converter():
+    """TVM's TFLite OperatorConverter with edgepack's fixes (``from_tflite``'s op_converter hook).
+
+    Sparse weights: DENSIFY makes the dense tensor at import time (a "prefetched" constant), but
+    TVM's DEQUANTIZE then reads the raw buffer of DENSIFY's output, which has none, and fails with
+    ``TypeError: a bytes-like object is required, not 'int'``. Here DEQUANTIZE takes the densified
+    constant (fp16 weights are widened to fp32, int8 ones dequantized with their parameters).
+    """
+    from tvm import relax
+    from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
+
+    class EdgepackOperatorConverter(OperatorConverter):
+        def convert_dequantize(self, op):
+            tensor = self.get_input_tensors(op)[0]
+            if not self.is_prefetched(tensor.tensor_idx):
+                return super().convert_dequantize(op)
+            dtype = self.get_tensor_type_str(tensor.tensor.Type())
+            dense = self.get_prefetched_node(tensor.tensor_idx)
+            const = self.exp_tab.new_const(dense, dtype=dtype, source_name=tensor.tensor.Name())
+            if dtype == "float16":
+                return relax.op.astype(const, "float32")
+            return self.dequantize(const, tensor)
+
+    return EdgepackOperatorConverter
 
 
 def _fmt_shape(shape) -> str:

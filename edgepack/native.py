@@ -774,6 +774,7 @@ def build_c_program(
     source: Path | None = None,
     static: bool = False,
     model_archive: Path | None = None,
+    extra_archives: Sequence[Path] = (),
     fully_static: bool = False,
     cflags: Sequence[str] | None = None,
     rpath: Sequence[str] | None = None,
@@ -804,7 +805,9 @@ def build_c_program(
         if len(runtime.static_libs) != 2:
             raise ToolchainError(f"The {runtime.triple} runtime in {runtime.root} has no static archives.",
                                  "Call ensure_target_runtime(..., need_static=True).")
-        archives = ([model_archive] if model_archive is not None else []) + list(runtime.static_libs)
+        # extra_archives: GPU runtime plug-ins (libtvm_opencl.a), registered by static initialisers too
+        archives = ([model_archive] if model_archive is not None else []) + list(extra_archives) + \
+            list(runtime.static_libs)
         sys_libs = (["-static", "-lstdc++", "-lpthread", "-ldl", "-lm"] if fully_static else
                     ["-Wl,-Bstatic", "-lstdc++", "-Wl,-Bdynamic", "-static-libgcc", "-lpthread", "-ldl", "-lm"])
         link = ["-Wl,--gc-sections", "-Wl,--whole-archive", *archives, "-Wl,--no-whole-archive", *sys_libs]

@@ -25,6 +25,7 @@ What lives here:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -172,33 +173,82 @@ def _recording_schedule_pass(rules: Sequence, record: dict[str, str]):
     return RecordingApplyDefaultSchedule()
 
 
-def _gpu_pipeline(target, record: dict[str, str]):
-    """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
-    with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules."""
-    import tvm
+def _is_dlight_pass(p) -> bool:
+    inner = getattr(p, "_inst", None)
+    return inner is not None and type(inner).__name__ == "ApplyDefaultSchedule"
+
+
+def tuning_passes(target) -> list:
+    """The GPU pipeline's passes up to fused, unscheduled TIR kernels: dispatch and legalisation
+    without dlight's default schedules. MetaSchedule extracts its tuning tasks after these, and a
+    tuned build applies the records at the same point (``TuningDatabase``), so the kernels match."""
     from tvm.relax import pipeline as rp
+
+    with target:  # the adreno passes read Target.current()
+        return [*rp.library_dispatch_passes(target), *(p for p in rp.legalize_passes(target) if not _is_dlight_pass(p))]
+
+
+@dataclass(frozen=True)
+class TuningDatabase:
+    """Tuning records for a GPU build (``edgepack.tuning.tuned_pipeline`` makes it): a MetaSchedule
+    database whose best schedules replace dlight's for the kernels it has; the rest keep dlight's."""
+
+    database: Any  # tvm.s_tir.meta_schedule.database.Database
+
+
+def _gpu_pipeline(target, record: dict[str, str], tuning: TuningDatabase | None = None):
+    """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
+    with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
+
+    With ``tuning``, MetaSchedule's ``ApplyDatabase`` runs right before the first dlight pass: the
+    kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax import pipeline as rp
+
+    scheduled_before: set[str] = set()
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_scheduled")
+    def _note_scheduled(mod, _ctx):
+        for gvar, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and func.attrs is not None and \
+                    "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
+                scheduled_before.add(gvar.name_hint)
+        return mod
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_tuned")
+    def _note_tuned(mod, _ctx):
+        for gvar, func in mod.functions_items():
+            name = gvar.name_hint
+            if isinstance(func, tirx.PrimFunc) and name not in scheduled_before and func.attrs is not None and \
+                    "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
+                record[name] = "tuned"
+        return mod
 
     legalize = []
     rules: list = []
     with target:  # the adreno passes read Target.current()
         for p in rp.legalize_passes(target):
-            inner = getattr(p, "_inst", None)
-            if inner is not None and type(inner).__name__ == "ApplyDefaultSchedule":
-                rules.extend(inner.rules)
-                legalize.append(_recording_schedule_pass(list(inner.rules), record))
+            if _is_dlight_pass(p):
+                if tuning is not None and not rules:
+                    legalize += [_note_scheduled, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
+                                 _note_tuned]
+                rules.extend(p._inst.rules)
+                legalize.append(_recording_schedule_pass(list(p._inst.rules), record))
             else:
                 legalize.append(p)
 
     @tvm.transform.module_pass(opt_level=0, name="edgepack_gpu_pipeline")
     def _pipeline(mod, _ctx):
-        with target:
+        with target, (tuning.database if tuning is not None else contextlib.nullcontext()):
             seq = tvm.transform.Sequential(
                 rp.library_dispatch_passes(target) + legalize + rp.dataflow_lower_passes(target)
                 + rp.finalize_passes(target)
             )
             return seq(mod)
 
-    return _pipeline, tuple(_rule_name(r) for r in rules)
+    names = tuple(_rule_name(r) for r in rules)
+    return _pipeline, (("tuned", *names) if tuning is not None else names)
 
 
 def _extent(value) -> int | str:
@@ -272,19 +322,20 @@ def _kind_of(target) -> str:
     return str(target.kind.name)
 
 
-def build_gpu(imported, target, *, relax_pipeline=None):
+def build_gpu(imported, target, *, relax_pipeline=None, system_lib: bool = False):
     """Compile for an OpenCL target (with its host); returns ``(executable, GpuReport)``.
 
     Raises ``CompileError`` naming the fused functions that no dlight rule could schedule for
     the GPU (TVM would compile them as CPU code handed the GPU's buffers; see
-    ``_refuse_unscheduled``), and for any other TVM failure. ``relax_pipeline`` replaces the default pipeline (tuning records); the
-    report then says "tuned" instead of naming dlight rules.
+    ``_refuse_unscheduled``), and for any other TVM failure. ``relax_pipeline``: tuning records
+    (a :class:`TuningDatabase`: those kernels are reported "tuned") or another pipeline.
+    ``system_lib``: build a TVM system library (``native.export_model_static``), for static programs.
     """
     import tvm
 
     record: dict[str, str] = {}
-    if relax_pipeline is None:
-        pipeline, rules = _gpu_pipeline(target, record)
+    if relax_pipeline is None or isinstance(relax_pipeline, TuningDatabase):
+        pipeline, rules = _gpu_pipeline(target, record, relax_pipeline)
     else:
         pipeline, rules = relax_pipeline, ("tuned",)
     found: dict[str, dict[str, Any]] = {}
@@ -298,7 +349,12 @@ def build_gpu(imported, target, *, relax_pipeline=None):
     name = imported.info.path.name
     try:
         with tvm.transform.PassContext(instruments=[_KernelSnapshot()]):
-            executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline)
+            if system_lib:  # for static programs: host code + the kernels (devc.o) in TVM's system library
+                from tvm import relax
+
+                executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline)
+            else:
+                executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline)
     except Exception as exc:
         _refuse_unscheduled(name, record, rules, exc)
         first = str(exc).strip().splitlines()
@@ -320,8 +376,8 @@ def build_gpu(imported, target, *, relax_pipeline=None):
     by_function: dict[str, list[str]] = {}
     for k in kernels:
         by_function.setdefault(k.function, []).append(k.name)
-    if relax_pipeline is not None:  # schedules came from tuning records: one entry per kernel source
-        record = {k.function: "tuned" for k in kernels}
+    if relax_pipeline is not None and not isinstance(relax_pipeline, TuningDatabase):
+        record = {k.function: "tuned" for k in kernels}  # an opaque pipeline: nothing recorded
     functions = [ScheduledFunction(n, rule, tuple(by_function.get(n, ()))) for n, rule in sorted(record.items())]
     pipeline_name = "adreno" if "adreno" in [str(k) for k in target.keys] else "gpu_generic"
     if relax_pipeline is not None:
@@ -492,6 +548,10 @@ def _plugin_sources_digest() -> str:
                        and "tests" not in p.relative_to(root).parts):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
+    # the headers shared with the Vulkan runtime (runtimes/gpu-common) are part of the build too
+    for path in sorted((root.parent / "gpu-common").rglob("*.h")):
+        h.update(str(path.relative_to(root.parent)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -607,6 +667,122 @@ def bundle_files(triple: str, cc: str, cxx: str, *, log: Log | None = None) -> d
     return files
 
 
+# ----------------------------------------------------------------------------------------------
+# an RPC server for this machine's OpenCL device (tuning with --on host-opencl)
+
+
+RPC_SERVER_PROGRAM = "edgepack_rpc_server"
+HOST_RPC_KEY = "host-opencl"
+
+
+def host_rpc_server_program(*, cache_dir: Path | None = None, log: Log | None = None) -> Path:
+    """edgepack's C RPC server (runtimes/rpc-server) built for this machine against the installed
+    wheels' runtime, with the host plug-in copied next to it: the server loads it at start-up, the
+    same way it does on a device with ``libtvm_opencl.so`` installed beside it. Cached."""
+    from edgepack import native
+
+    plugin = host_plugin(cache_dir=cache_dir, log=log)
+    runtime = native.host_runtime()
+    source = native.runtimes_dir() / "rpc-server" / "edgepack_rpc_server.c"
+    cc, _cxx = _host_cxx()
+    key_data = {"source": file_sha256(source), "plugin": file_sha256(plugin.shared), "cc": native._compiler_identity(cc),
+                "runtime": {p.name: file_sha256(p) for p in runtime.shared_libs}}
+    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:12]
+    base = Path(cache_dir if cache_dir is not None else cache_root()) / "opencl" / native.TVM_VERSION
+    root = base / f"rpc-server-{_HOST_TRIPLE}-{key}"
+    program = root / RPC_SERVER_PROGRAM
+    if program.is_file():
+        return program
+    with file_lock(base / f".{root.name}.lock"):
+        if program.is_file():
+            return program
+        if log:
+            log("Building edgepack's RPC server for this machine (with the OpenCL runtime)")
+        with native._staging(root) as tmp:
+            lib_dirs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
+            cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", *[f"-I{d}" for d in runtime.include_dirs],
+                   "-o", str(tmp / RPC_SERVER_PROGRAM), str(source), *[f"-L{d}" for d in lib_dirs],
+                   "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-ldl",
+                   "-Wl,-rpath," + ":".join(["$ORIGIN", *lib_dirs])]
+            result = native._run(cmd, log=None)
+            if result.returncode != 0:
+                raise ToolchainError("Building edgepack's RPC server for this machine failed.",
+                                     "The last lines of the compiler output:\n" + native._tail(result.stderr))
+            shutil.copy2(plugin.shared, tmp / PLUGIN_SHARED)
+    return program
+
+
+_WORKDIR_PREFIX = "edgepack-rpc-opencl-"
+
+
+def _remove_stale_workdirs() -> None:
+    """Work directories of servers whose edgepack was killed (the server then exits by itself)."""
+    for directory in Path(tempfile.gettempdir()).glob(_WORKDIR_PREFIX + "*"):
+        try:
+            os.kill(int((directory / "pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+        except (OSError, ValueError):  # no pid yet (being started), or not ours to signal
+            continue
+
+
+@dataclass
+class HostRPCServer:
+    """A running ``edgepack_rpc_server`` on 127.0.0.1 that serves this machine's OpenCL device."""
+
+    process: Any  # subprocess.Popen, in its own process group
+    port: int
+    key: str
+    workdir: Path
+    log_path: Path
+
+    @classmethod
+    def start(cls, *, timeout: float = 30.0, log: Log | None = None) -> HostRPCServer:
+        import subprocess
+
+        program = host_rpc_server_program(log=log)
+        _remove_stale_workdirs()
+        workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX))
+        port_file, log_path = workdir / "port", workdir / "server.log"
+        with open(log_path, "wb") as log_handle:
+            # own session: stop() ends the server and every session process it forked;
+            # --exit-with-parent: it also ends when this process is killed (nothing else would stop it)
+            process = subprocess.Popen(
+                [str(program), "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--key",
+                 HOST_RPC_KEY, "--workdir", str(workdir), "--exit-with-parent"],
+                stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT, start_new_session=True)
+        (workdir / "pid").write_text(str(process.pid))
+        server = cls(process, 0, HOST_RPC_KEY, workdir, log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = port_file.read_text().strip() if port_file.is_file() else ""
+            if text.isdigit():
+                server.port = int(text)
+                return server
+            if process.poll() is not None:
+                break
+            time.sleep(0.05)
+        output = log_path.read_text(errors="replace")
+        server.stop()
+        raise ToolchainError(f"edgepack's RPC server for this machine's OpenCL device did not start: "
+                             f"{output.strip().splitlines()[-1] if output.strip() else 'no output'}.",
+                             "Check `edgepack doctor` (OpenCL) and rebuild: remove ~/.cache/edgepack/opencl.")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except Exception:  # noqa: BLE001  a session stuck in the driver
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 _loaded_plugin: ctypes.CDLL | None = None
 
 
@@ -688,6 +864,25 @@ def host_opencl_status() -> tuple[bool, str, str]:
 
 # ----------------------------------------------------------------------------------------------
 # running: validate --on host-opencl
+
+
+def refuse_emulator(build_dir: Path, manifest) -> None:
+    """``validate --on emulator`` of an OpenCL build: a clear error instead of a run that cannot work.
+
+    qemu-user runs the aarch64 C runner, but the OpenCL driver it would need is aarch64 too: the
+    only one reachable is Debian's arm64 PoCL, which compiles every kernel with LLVM under
+    emulation (about 1.1 GB unpacked, root for a chroot with /proc, /sys and /dev, and 4 to 15
+    minutes for a small model on 2 cores). That is a manual check (runtimes/opencl/tests/aarch64_pocl.py),
+    not a validation step."""
+    raise EdgepackError(
+        f"{build_dir} is an OpenCL build ({manifest.profile_name}); --on emulator cannot run it: qemu-user runs "
+        "the device's CPU code, but no emulated OpenCL GPU exists (an aarch64 OpenCL driver under qemu, Debian's "
+        "arm64 PoCL, needs a 1.1 GB root file system, root, and minutes per kernel set).",
+        "Validate the same kernels on this machine with --on host-opencl (any OpenCL driver, e.g. PoCL: "
+        "`apt-get install pocl-opencl-icd`), or on the device itself with --on DEVICE "
+        "(`edgepack device add ... --profile " + str(manifest.profile_name) + "`).",
+    )
+
 
 
 def run_on_host_opencl(build_dir: Path, manifest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -102,6 +102,9 @@ def model_info(info, ir_text=None) -> None:
         ok = op not in info.unsupported_operators
         ops.add_row(op, str(n), "[green]supported[/]" if ok else "[bold red]unsupported[/]")
     console.print(ops)
+    support = info.support_summary()
+    console.print(f"{support['supported_operators']} of {support['operators']} operator types supported"
+                  f" ({support['supported_nodes']} of {support['nodes']} nodes).", highlight=False)
     if info.unsupported_operators:
         listing = ", ".join(f"{op} (x{n})" for op, n in info.unsupported_operators.items())
         console.print(f"[bold red]Unsupported operators:[/] {listing}")
@@ -132,6 +135,11 @@ def compile_summary(result) -> None:
         from edgepack.opencl import summary_lines
 
         for line in summary_lines(m.extra["opencl"]):
+            table.add_row("gpu", line)
+    if m.extra.get("vulkan"):
+        from edgepack import vulkan
+
+        for line in vulkan.summary_lines(m.extra["vulkan"]):
             table.add_row("gpu", line)
     table.add_row("toolchain", m.toolchain["version"])
     table.add_row("TVM", m.tvm_version)

@@ -47,7 +47,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ DEFAULT_BATCH = 16  # candidates per measurement batch: records are flushed afte
 PROBE_TRIALS = 4  # a task's first batch: every kernel gets a measured schedule before any gets many
 BUILDER_TIMEOUT_S = 180.0  # see docs: a cold builder worker may take ~30 s before it builds anything
 FAILED_SECONDS = 1e9  # run_secs at or above this mean "did not run" (MetaSchedule writes 1e10)
+HOST_OPENCL = "host-opencl"  # --on: this machine's OpenCL device (OpenCL profiles)
 
 Progress = Callable[["TuningProgress"], None]
 Log = Callable[[str], None]
@@ -115,6 +116,9 @@ class TuningMeta:
     edgepack_version: str
     created: str
     format_version: int = FORMAT_VERSION
+    # CPU kernels were tuned with their constant weights layout-free (see _prepare_passes); directories
+    # made before this existed were not, and stay usable as they were made
+    weight_prepack: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -517,26 +521,51 @@ def _cpu_pipeline():
     return pipeline
 
 
-def _prepare_passes(target):
-    """Relax passes up to fused TIR kernels: the same for task extraction and for applying records."""
+def _prepare_passes(target, weight_prepack: bool = False):
+    """Relax passes up to fused TIR kernels: the same for task extraction and for applying records.
+
+    ``weight_prepack``: the weights are constants, so the CPU kernels mark them layout-free;
+    MetaSchedule may then pick a weight layout that suits its loop nest (``RewriteLayout``), and
+    the rewrite is done once at compile time (``_weight_prepack_passes``), not on every inference.
+    """
+    from tvm import relax
+
+    if _is_gpu(target):  # OpenCL (Mali/Adreno): the GPU pipeline without dlight's default schedules
+        from edgepack.opencl import tuning_passes
+
+        return tuning_passes(target)
     cpu = _cpu_pipeline()
-    return [*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target)]
+    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if weight_prepack else []
+    return [*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target), *prepack]
 
 
-def _fused_module(imported, target):
+def _weight_prepack_passes():
+    """After the records are applied: split each kernel's weight-layout rewrite into its own
+    function and fold it into the constant weights (so it never runs on the device)."""
+    from tvm import relax
+
+    return [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
+            relax.transform.DeadCodeElimination()]
+
+
+def _is_gpu(target) -> bool:
+    return str(target.kind.name) == "opencl"
+
+
+def _fused_module(imported, target, weight_prepack: bool):
     import tvm
 
     with target:
-        return tvm.transform.Sequential(_prepare_passes(target))(imported.mod)
+        return tvm.transform.Sequential(_prepare_passes(target, weight_prepack))(imported.mod)
 
 
-def extract_tasks(imported, target) -> tuple[list[TuningTask], list[Any]]:
+def extract_tasks(imported, target, *, weight_prepack: bool = False) -> tuple[list[TuningTask], list[Any]]:
     """The model's tuning tasks and MetaSchedule's ExtractedTask objects, in a stable order."""
     import tvm_ffi
     from tvm.s_tir.analysis import estimate_tir_flops
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extract
 
-    extracted = [t for t in ms_extract(_fused_module(imported, target), target)
+    extracted = [t for t in ms_extract(_fused_module(imported, target, weight_prepack), target)
                  if not t.mod.attrs or not t.mod.attrs.get("tirx.is_scheduled", False)]
     tasks = []
     for task in extracted:
@@ -742,9 +771,38 @@ def _device_measurer(profile, device, session_timeout: float, say: Log) -> _Meas
     return _Measurer(builder, runner, device.name, close)
 
 
+def _host_opencl_measurer(session_timeout: float, say: Log) -> _Measurer:
+    """This machine's OpenCL device (e.g. PoCL) as the device: edgepack's RPC server built for this
+    machine with the OpenCL runtime plug-in next to it (``opencl.HostRPCServer``), measured over
+    RPC exactly like a device; candidates are built here with x86 host code."""
+    from tvm.s_tir.meta_schedule.builder import LocalBuilder
+    from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner
+
+    from edgepack import opencl
+
+    info = opencl.require_device(log=say)
+    server = opencl.HostRPCServer.start(log=say)
+    say(f"Measuring on this machine's OpenCL device ({info['devices'][0]['name']}) through edgepack's RPC "
+        f"server on port {server.port}")
+    builder = LocalBuilder(max_workers=max(1, os.cpu_count() or 1), timeout_sec=BUILDER_TIMEOUT_S,
+                           f_build=build_candidate, f_export=functools.partial(export_candidate, None))
+    runner = RPCRunner(
+        rpc_config=RPCConfig(tracker_host="127.0.0.1", tracker_port=1, tracker_key=server.key,
+                             session_timeout_sec=int(session_timeout)),
+        evaluator_config=_evaluator_config(remote=True),
+        f_create_session=functools.partial(connect_forwarded, server.port, server.key, session_timeout),
+        f_alloc_argument=alloc_arguments,
+        f_cleanup=cleanup_remote,
+        max_workers=1,
+    )
+    return _Measurer(builder, runner, HOST_OPENCL, server.stop)
+
+
 def _measurer(profile, on: str, inventory_path: Path | None, session_timeout: float, say: Log) -> _Measurer:
     if on == "host":
         return _host_measurer(profile, say)
+    if on == HOST_OPENCL:
+        return _host_opencl_measurer(session_timeout, say)
     from edgepack.remote.inventory import load_inventory
 
     inventory = load_inventory(inventory_path)
@@ -754,7 +812,8 @@ def _measurer(profile, on: str, inventory_path: Path | None, session_timeout: fl
         return _device_measurer(profile, inventory.get(on), session_timeout, say)
     known = ", ".join(sorted(inventory.devices)) or f"none in {inventory.path}"
     raise TuningError(f"Unknown place to measure on: {on!r}.",
-                      f"Use --on host (host profiles), a device name (known: {known}) or farm:PROFILE.")
+                      f"Use --on host (host profiles), --on {HOST_OPENCL} (OpenCL profiles), a device name "
+                      f"(known: {known}) or farm:PROFILE.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,7 +968,7 @@ def _blocking_runner_class():
     return BlockingRunner
 
 
-def _space_generators():
+def _space_generators(target=None):
     """MetaSchedule's default search space, then fallbacks for kernels it fails on.
 
     TVM 0.27's multi-level tiling fails on some fused epilogues (e.g. BlazeFace's residual ``pad`` +
@@ -921,6 +980,8 @@ def _space_generators():
     from tvm.s_tir.meta_schedule.space_generator import PostOrderApply
 
     yield "default", "post-order-apply"
+    if target is not None and _is_gpu(target):
+        return  # the fallbacks below are CPU rules; a GPU kernel MetaSchedule cannot take keeps dlight's
 
     def tiling_with_cache_write():
         return rules.MultiLevelTiling(structure="SSRSRS", tile_binds=None, max_innermost_factor=64,
@@ -1139,9 +1200,14 @@ def _metaschedule_log(directory: Path) -> Iterator[logging.Logger]:
             logger.addHandler(existing)
 
 
-def _tuning_target(profile, num_cores: int | None):
+def _tuning_target(profile, num_cores: int | None, on: str = "host"):
     import tvm
 
+    if profile.backend == "opencl":
+        # the kernels are the profile's; their host code is this machine's when measured here
+        # (--on host-opencl), the device's otherwise. A kernel's records do not depend on it.
+        host = {"kind": "llvm"} if on == HOST_OPENCL else profile.host_target
+        return tvm.target.Target(dict(profile.target), host=host) if host else tvm.target.Target(dict(profile.target))
     spec = dict(profile.target)
     if num_cores:
         spec["num-cores"] = int(num_cores)
@@ -1165,6 +1231,7 @@ def _meta_for(imported, profile, tuning_target) -> TuningMeta:
         tvm_ffi_version=ffi_version,
         edgepack_version=__version__,
         created=_now(),
+        weight_prepack=not _is_gpu(tuning_target),
     )
 
 
@@ -1309,9 +1376,19 @@ def tune_model(
     model, directory = Path(model), Path(output_dir)
     profile = get_profile(profile) if isinstance(profile, str) else profile
     require_supported(profile)
-    if profile.backend != "cpu":
+    if profile.backend not in ("cpu", "opencl"):
         raise TuningError(f"Tuning {profile.backend} profiles is not supported yet.",
-                          "Tune a CPU profile (host, rpi3, rpi4, rpi5, android-arm64).")
+                          "Tune a CPU profile (host, rpi3, rpi4, rpi5, android-arm64) or an OpenCL one "
+                          "(mali-g610, adreno-6xx).")
+    if profile.backend == "opencl" and on == "host":
+        raise TuningError(
+            f"Profile {profile.name!r} runs on an OpenCL GPU, so its kernels are not measured with --on host.",
+            "Measure on this machine's OpenCL device with --on host-opencl (e.g. PoCL), or on a device "
+            f"(--on DEVICE or --on farm:{profile.name}) whose RPC server has edgepack's OpenCL runtime.",
+        )
+    if on == HOST_OPENCL and profile.backend != "opencl":
+        raise TuningError(f"--on {HOST_OPENCL} measures OpenCL kernels; {profile.name!r} is a {profile.backend} profile.",
+                          "Use --on host for host profiles, or a device / farm:PROFILE.")
     if trials < 0 or (max_trials_per_task is not None and max_trials_per_task < 1) or trials_per_batch < 1:
         raise TuningError("Trial counts must be positive.", "Use e.g. --trials 1000 --batch 16.")
     if on == "host" and not profile.is_host:
@@ -1330,14 +1407,16 @@ def tune_model(
 
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes)
-    tuning_target = _tuning_target(profile, num_cores)
+    tuning_target = _tuning_target(profile, num_cores, on)
     meta = _meta_for(imported, profile, tuning_target)
     if existing is not None:
         _check_meta(existing, model_sha256=meta.model_sha256, inputs=list(meta.inputs), target=meta.target,
                     directory=directory, action="resume tuning")
 
     say("Extracting the tuning tasks")
-    tasks, extracted = extract_tasks(imported, tuning_target)
+    if existing is not None:
+        meta = replace(meta, weight_prepack=existing.weight_prepack)  # resume the directory as it was made
+    tasks, extracted = extract_tasks(imported, tuning_target, weight_prepack=meta.weight_prepack)
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")
     if existing is not None:
@@ -1455,7 +1534,7 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
             context, last_error = None, None
             # the scheduler would stop everything on the first kernel MetaSchedule cannot schedule: try
             # its default search space, then simpler ones (_space_generators), and skip the kernel last
-            for label, space in _space_generators():
+            for label, space in _space_generators(tuning_target):
                 # half MetaSchedule's default population and one fewer generation: on a small machine
                 # the search, not the measurements, is what costs most per trial
                 inner = EvolutionarySearch(population_size=256, genetic_num_iters=3)
@@ -1602,7 +1681,8 @@ def check_tuning(tuning_dir: Path | str, imported, target) -> TuningSummary:
     return summary
 
 
-def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = None):
+def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = None, *,
+                   weight_prepack: bool = False):
     """The default Relax pipeline for a CPU target, with the best record of each kernel applied.
 
     Same passes as TVM's CPU default pipeline (dispatch, legalize + fuse, lower, finalize) with
@@ -1620,13 +1700,18 @@ def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = 
         (Path(tmp) / RECORD_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
         database = JSONDatabase(path_workload=str(Path(tmp) / WORKLOAD_FILE),
                                 path_tuning_record=str(Path(tmp) / RECORD_FILE), module_equality="structural")
+    if _is_gpu(target):  # edgepack.opencl.build_gpu applies it inside the GPU pipeline (and reports it)
+        from edgepack.opencl import TuningDatabase
+
+        return TuningDatabase(database)
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackTunedPipeline")
     def _pipeline(mod, _ctx):
         with target, database:
             seq = tvm.transform.Sequential([
-                *_prepare_passes(target),
+                *_prepare_passes(target, weight_prepack),
                 relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
+                *(_weight_prepack_passes() if weight_prepack else []),
                 *cpu.dataflow_lower_passes(target),
                 *cpu.finalize_passes(target),
             ])
@@ -1640,12 +1725,13 @@ def apply_tuning(imported, target, tuning_dir: Path | str) -> AppliedTuning:
 
     Use: ``tvm.compile(imported.mod, target, relax_pipeline=apply_tuning(...).relax_pipeline)``.
     """
-    if target.kind.name != "llvm":
-        raise TuningError(f"Tuning records apply to CPU (llvm) targets, not {target.kind.name}.",
+    if target.kind.name not in ("llvm", "opencl"):
+        raise TuningError(f"Tuning records apply to CPU (llvm) and OpenCL targets, not {target.kind.name}.",
                           "Compile this profile without --tuning.")
     summary = check_tuning(tuning_dir, imported, target)
     tuned = {t.workload for t in summary.tasks if t.best_seconds is not None}
-    return AppliedTuning(tuned_pipeline(tuning_dir, target, tuned), summary, len(tuned), len(summary.tasks))
+    pipeline = tuned_pipeline(tuning_dir, target, tuned, weight_prepack=summary.meta.weight_prepack)
+    return AppliedTuning(pipeline, summary, len(tuned), len(summary.tasks))
 
 
 def tuning_digest(tuning_dir: Path | str) -> str:

@@ -183,6 +183,10 @@ def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
         from edgepack.opencl import run_on_host_opencl
 
         return run_on_host_opencl
+    if on == "host-vulkan":  # Vulkan builds: x86 host code + the WGSL shaders, on this machine's Vulkan driver
+        from edgepack.vulkan import run_on_host_vulkan
+
+        return run_on_host_vulkan
     from edgepack.remote.inventory import load_inventory
 
     devices = load_inventory(Path(inventory) if inventory else None)
@@ -196,7 +200,7 @@ def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
     known = ", ".join(sorted(devices.devices)) or f"none in {devices.path}"
     raise EdgepackError(
         f"Unknown place to validate on: {on!r}.",
-        f"Use --on host, --on emulator, --on host-opencl (GPU builds), a device name (known: {known}) "
+        f"Use --on host, --on emulator, --on host-opencl / host-vulkan (GPU builds), a device name (known: {known}) "
         "or farm:PROFILE; "
         "add devices with `edgepack device add`.",
     )
@@ -211,6 +215,10 @@ def run_on_host(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.n
         from edgepack.opencl import run_on_host_opencl
 
         return run_on_host_opencl(build_dir, manifest, inputs)
+    if manifest.profile.get("backend") == "vulkan":
+        from edgepack.vulkan import run_on_host_vulkan
+
+        return run_on_host_vulkan(build_dir, manifest, inputs)
     library = build_dir / manifest.artifacts["host_library"].path
     with quiet_native_stderr():
         executable = tvm.runtime.load_module(str(library))

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Install everything edgepack needs on a Debian/Ubuntu machine. Idempotent: a second run is quick.
 #   cross compilers (aarch64, armv7), qemu-user, cmake, sshd + iproute2 (the device farm), a JDK (JNI bindings),
-#   PoCL (OpenCL on this CPU, for GPU profiles);
+#   PoCL (OpenCL on this CPU, for GPU profiles), lavapipe (Vulkan on this CPU, for Vulkan profiles);
 #   edgepack itself (editable) with its test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(g++-aarch64-linux-gnu g++-arm-linux-gnueabihf qemu-user qemu-user-static binfmt-support
               cmake make file openssh-server iproute2 openjdk-17-jdk-headless
-              pocl-opencl-icd ocl-icd-libopencl1 opencl-headers clinfo)
+              pocl-opencl-icd ocl-icd-libopencl1 opencl-headers clinfo
+              mesa-vulkan-drivers libvulkan1 vulkan-tools)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -37,4 +38,8 @@ if ! "$PYTHON" -c "import edgepack, tvm, onnxruntime, ai_edge_litert, pytest, xg
   echo "==> pip install -e .[test,tune]"
   "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test,tune]"
 fi
+# wgpu-native (pinned PyPI wgpu wheel, SHA-256 checked) for Vulkan builds: fetched into edgepack's cache
+# now, while online, rather than in the middle of a test run. Not fatal offline.
+"$PYTHON" -c "from edgepack import vulkan; [vulkan.wgpu_native(t) for t in vulkan.WGPU_WHEELS]" 2>/dev/null \
+  || echo "==> note: wgpu-native (PyPI wgpu==0.32.0) could not be fetched now; Vulkan profiles fetch it on first use"
 echo "==> edgepack $("$PYTHON" -m edgepack --version | cut -d' ' -f2) ready"

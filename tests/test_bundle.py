@@ -151,7 +151,11 @@ def test_wrong_architecture_library_is_a_readable_error(models, build_cache, tmp
 
 @pytest.mark.slow
 def test_opencl_bundle_carries_the_runtime_module(models, tmp_path):
-    """A mali-g610 build packaged for the device: the OpenCL plug-in (aarch64) rides along, shared only."""
+    """A mali-g610 build packaged for the device: the OpenCL plug-in (aarch64) rides along, as a shared
+    library next to model.so and linked into the static runner (which opens the model from its system
+    library and, with no aarch64 OpenCL driver here, stops at the runtime's "no OpenCL library" error)."""
+    import shutil
+
     from edgepack.compiler import compile_model
 
     build = compile_model(models["ppocr_cls"].path, "mali-g610", tmp_path / "mali",
@@ -161,5 +165,16 @@ def test_opencl_bundle_carries_the_runtime_module(models, tmp_path):
     assert int.from_bytes(plugin[18:20], "little") == 0xB7
     roles = {f.path: f.role for f in bundle.files}
     assert roles["lib/libtvm_opencl.so"] == "runtime" and roles["lib/model.so"] == "model"
-    assert "bin/edgepack_run" in roles and "bin/edgepack_run_static" not in roles
+    assert "bin/edgepack_run" in roles and roles["bin/edgepack_run_static"] == "program"
+    assert roles["lib/libtvm_opencl.a"] == "runtime" and roles["lib/libmodel.a"] == "model"
+    static = bundle.static_runner.read_bytes()
+    assert int.from_bytes(static[18:20], "little") == 0xB7 and b"libtvm_runtime.so" not in static
     assert read_bundle(bundle.output_dir).profile == "mali-g610"
+    if shutil.which("qemu-aarch64"):
+        from edgepack.bundle import run_c_runner
+        from edgepack.errors import EdgepackError
+
+        manifest = read_manifest(build)
+        with pytest.raises(EdgepackError, match="no usable OpenCL library"):
+            run_c_runner(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"], bundle.static_runner, None,
+                         random_inputs(manifest.inputs), manifest.inputs, manifest.outputs)

@@ -117,7 +117,10 @@ def test_cli_errors_are_one_paragraph_without_traceback(models, tmp_path):
     squeezenet = str(models["light_squeezenet"].path)
     assert_clean_error(run_cli("compile", squeezenet, "-p", "rpi9", "-o", str(tmp_path / "x")),
                        "Unknown device profile 'rpi9'", "rpi4")
-    assert_clean_error(run_cli("compile", squeezenet, "-p", "vulkan-generic", "-o", str(tmp_path / "x")),
+    planned = tmp_path / "npu.toml"
+    planned.write_text('name = "npu"\nstatus = "planned"\nbackend = "vulkan"\ntriple = "aarch64-linux-gnu"\n'
+                       '[target]\nkind = "webgpu"\n[toolchain]\ncc = "gcc"\ncxx = "g++"\n')
+    assert_clean_error(run_cli("compile", squeezenet, "-p", str(planned), "-o", str(tmp_path / "x")),
                        "not supported yet")
     assert_clean_error(run_cli("compile", str(models["ppocr_cls"].path), "-o", str(tmp_path / "x")),
                        "dynamic input dimensions", "--input-shape x:")
@@ -150,7 +153,7 @@ def test_profiles_and_doctor_cli():
     listing = json.loads(run_cli("profiles", "--json", check=True).stdout)
     assert {"rpi4", "mali-g610"} <= {p["name"] for p in listing}
     table = run_cli("profiles", check=True).stdout
-    assert "cortex-a72" in table and "planned" in table
+    assert "cortex-a72" in table and "vulkan-generic" in table
     checks = json.loads(run_cli("doctor", "--json", check=True).stdout)
     by_name = {c["name"]: c for c in checks}
     assert by_name["apache-tvm"]["ok"] and by_name["apache-tvm"]["version"] == "0.27.0.post1" and by_name["aarch64-linux-gnu-g++"]["ok"]

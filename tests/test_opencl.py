@@ -338,6 +338,32 @@ def test_cli_compile_validate_and_kernels(pocl, models, tmp_path):
     lines = opencl.summary_lines(read_manifest(out).extra["opencl"])
     assert any("CPU fallback: none" in line for line in lines)
 
+    # no emulated OpenCL GPU: --on emulator says so and what to use instead (before running anything)
+    from conftest import assert_clean_error
+
+    assert_clean_error(run_cli("validate", str(out), "--on", "emulator"), "is an OpenCL build", "--on emulator cannot run it",
+                       "--on host-opencl", "--on DEVICE")
+
+
+def test_adreno_without_an_ndk_says_how_to_provide_one(models, tmp_path):
+    """adreno-6xx's host code is Android (bionic) code: without an NDK, compile stops at once and names
+    the three ways to provide one (the GPU kernels themselves are covered by adreno-6xx-linux above)."""
+    from conftest import assert_clean_error
+
+    if _has_ndk():
+        pytest.skip("an Android NDK is configured here")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NDK_CC", "ANDROID_NDK_HOME", "ANDROID_NDK_ROOT")}
+    command = [sys.executable, "-m", "edgepack", "compile", str(models["ppocr_cls"].path), "--profile", "adreno-6xx",
+               "--input-shape", "x:1,3,48,192", "-o", str(tmp_path / "adreno")]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, env=dict(env, COLUMNS="200"),
+                            timeout=300)
+    assert_clean_error(result, "builds with the Android NDK", "aarch64-linux-android24-clang++", "--ndk",
+                       "ANDROID_NDK_HOME", "TVM_NDK_CC")
+    result = subprocess.run([*command, "--ndk", str(tmp_path / "no-ndk")], check=False, capture_output=True, text=True,
+                            env=dict(env, COLUMNS="200"), timeout=300)
+    assert_clean_error(result, "was not found in", "no-ndk")
+    assert not (tmp_path / "adreno").exists()
+
 
 def test_kernels_of_a_cpu_build_is_a_clear_error(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
@@ -480,29 +506,93 @@ def test_aarch64_plugin_cross_builds_and_loads_on_arm(gpu_build, tmp_path):
         assert compare("out", result.outputs[0], expected[0], 1e-4, 1e-3).passed
 
 
+@pytest.mark.slow
+def test_static_single_binary_opencl_bundle_runs_on_pocl(pocl, models, tmp_path):
+    """The static variant of an OpenCL C bundle, for this machine's triple so that it runs on PoCL here:
+    the model as a system library (host code + kernels), edgepack's OpenCL runtime (libtvm_opencl.a)
+    and the static TVM runtime in one executable; no plug-in file, no libtvm_*.so. The same through
+    the bundle's Makefile (EDGEPACK_STATIC=1). Matches ONNX Runtime."""
+    from edgepack.bundle import package_c, run_c_runner
+    from edgepack.compiler import compile_model
+
+    mali = get_profile("mali-g610")
+    target = "\n".join(f"{k} = {json.dumps(v)}" for k, v in mali.target.items())
+    profile = tmp_path / "mali-g610-x86.toml"
+    profile.write_text(f"""name = "mali-g610-x86"
+description = "mali-g610's GPU target with this machine as the host (static bundle test)"
+backend = "opencl"
+triple = "x86_64-linux-gnu"
+
+[target]
+{target}
+
+[host_target]
+kind = "llvm"
+
+[toolchain]
+cc = "gcc"
+cxx = "g++"
+""")
+    model = models["ppocr_cls"]
+    build = compile_model(model.path, str(profile), tmp_path / "build", input_shapes=model.input_shapes).output_dir
+    bundle = package_c(build, tmp_path / "bundle")
+    roles = {f.path: f.role for f in bundle.files}
+    assert {"bin/edgepack_run_static", "lib/libmodel.a", "lib/libtvm_opencl.a", "lib/libtvm_opencl.so"} <= set(roles)
+
+    def needed(path: Path) -> set[str]:
+        out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+        return {line.split("[")[1].split("]")[0] for line in out.splitlines() if "(NEEDED)" in line}
+
+    manifest = read_manifest(build)
+    inputs = random_inputs(manifest.inputs, seed=5)
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    subprocess.run(["make", "-C", str(bundle.output_dir), "CC=gcc", "EDGEPACK_STATIC=1", f"BUILD_DIR={tmp_path / 'mk'}"],
+                   check=True, capture_output=True)
+    for program in (bundle.static_runner, tmp_path / "mk" / "edgepack_run"):
+        libs = needed(program)
+        assert not any(n.startswith(("libtvm", "libOpenCL")) for n in libs), libs  # libOpenCL: dlopen'd at run time
+        env_before = os.environ.pop("EDGEPACK_OPENCL_PLUGIN", None)
+        try:
+            result = run_c_runner([], program, None, inputs, manifest.inputs, manifest.outputs)
+        finally:
+            if env_before is not None:
+                os.environ["EDGEPACK_OPENCL_PLUGIN"] = env_before
+        for spec, actual, want in zip(manifest.outputs, result.outputs, expected):
+            assert compare(spec.name, actual, want, 1e-4, 1e-3).passed, spec.name
+
+
 # ----------------------------------------------------------------------------------------------
 # RPC: a TVM RPC server process with the plug-in loaded serves the OpenCL device (for tuning)
 
 
 @pytest.mark.slow
-def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path):
+@pytest.mark.parametrize("server_kind", ["python", "edgepack"])
+def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path, server_kind):
+    """TVM's Python server with --load-library, and edgepack's C server (runtimes/rpc-server), which
+    loads libtvm_opencl.so from its own directory by itself (as on a device)."""
     import socket
 
     import tvm
     from tvm import relax, rpc
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port",
-                               str(port), "--port-end", str(port + 1), "--load-library",
-                               str(opencl.host_plugin().shared)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    key = ""
+    if server_kind == "python":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port",
+                                   str(port), "--port-end", str(port + 1), "--load-library",
+                                   str(opencl.host_plugin().shared)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    else:
+        started = opencl.HostRPCServer.start()
+        server, port, key = started.process, started.port, started.key
+        assert (opencl.host_rpc_server_program().parent / "libtvm_opencl.so").is_file()
     try:
         session = None
         for _ in range(60):
             try:
-                session = rpc.connect("127.0.0.1", port, session_timeout=120)
+                session = rpc.connect("127.0.0.1", port, key=key, session_timeout=120)
                 break
             except Exception:  # noqa: BLE001  not listening yet
                 time.sleep(0.5)
@@ -522,3 +612,116 @@ def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path):
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
+    if server_kind == "edgepack":
+        assert "loaded the GPU runtime plug-in" in started.log_path.read_text()
+        started.stop()
+        assert not started.workdir.exists()
+
+
+@pytest.mark.slow
+def test_device_rpc_server_install_for_mali_carries_and_loads_the_plugin(tmp_path):
+    """What `edgepack device ...` installs on a mali-g610 device: the aarch64 RPC server with
+    libtvm_opencl.so beside it, which the server loads at start-up (here under qemu-user; no
+    aarch64 OpenCL driver, so the device reports no OpenCL GPU, but the module loader is there)."""
+    from tvm import rpc
+
+    from edgepack.remote.devices import ensure_server_bundle
+
+    if shutil.which("qemu-aarch64") is None:
+        pytest.skip("qemu-user is not installed")
+    bundle = ensure_server_bundle(get_profile("mali-g610"))
+    assert "libtvm_opencl.so" in bundle.manifest["files"]
+    assert "libtvm_opencl.so" not in ensure_server_bundle(get_profile("rpi4")).manifest["files"]
+    port_file, log = tmp_path / "port", tmp_path / "server.log"
+    with open(log, "wb") as handle:
+        server = subprocess.Popen(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(bundle.directory / "edgepack_rpc_server"),
+                                   "--port", "0", "--port-file", str(port_file), "--key", "mali-g610", "--workdir",
+                                   str(tmp_path), "--exit-with-parent"],
+                                  stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.is_file():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        session = rpc.connect("127.0.0.1", int(port_file.read_text()), key="mali-g610", session_timeout=60)
+        assert session.get_function("ffi.Module.load_from_bytes.opencl") is not None
+        assert not session.device(4, 0).exist  # no OpenCL driver for aarch64 here
+        assert "loaded the GPU runtime plug-in" in log.read_text()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------------------------
+# tuning (MetaSchedule) with this machine's OpenCL device measuring over RPC
+
+
+def test_tune_refuses_the_wrong_place_to_measure_a_gpu(models, tmp_path):
+    from conftest import assert_clean_error
+
+    model = str(models["ppocr_cls"].path)
+    assert_clean_error(run_cli("tune", model, "--profile", "mali-g610", "--on", "host", "-o", str(tmp_path / "a")),
+                       "runs on an OpenCL GPU", "--on host-opencl")
+    assert_clean_error(run_cli("tune", model, "--profile", "host", "--on", "host-opencl", "-o", str(tmp_path / "b")),
+                       "measures OpenCL kernels", "--on host")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_tune_mali_on_host_opencl_resume_compile_and_validate(pocl, models, tmp_path):
+    """mali-g610 kernels tuned by MetaSchedule, measured on PoCL through edgepack's C RPC server (with
+    the plug-in next to it, as on a device); killed after the first batch and resumed; compiled with
+    the records (tuned kernels in the device and the host library alike) and validated vs ONNX Runtime."""
+    from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+    from edgepack.compiler import compile_model
+    from edgepack.tuning import RECORD_FILE, WORKLOAD_FILE, load_tuning
+
+    model = models["ppocr_cls"]
+    out = tmp_path / "tuning"
+    command = ["tune", str(model.path), "--input-shape", "x:1,3,48,192", "--profile", "mali-g610", "--on",
+               "host-opencl", "-o", str(out), "--trials", "8", "--batch", "4",
+               "--task", "fused_conv2d36_", "--task", "fused_conv2d40_"]
+    records = out / RECORD_FILE
+
+    def lines() -> int:
+        return records.read_bytes().count(b"\n") if records.exists() else 0
+
+    proc = subprocess.Popen([sys.executable, "-m", "edgepack", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    while lines() < 4:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "no batch recorded in 10 minutes"
+        time.sleep(0.2)
+    proc.kill()  # SIGKILL: its RPC server dies with it (the server's session ends when the client does)
+    proc.wait(timeout=60)
+    proc.stdout.close()
+    first = records.read_bytes()
+    n1 = lines()
+    assert 4 <= n1 < 8
+
+    result = json.loads(run_cli(*command, "--json", check=True).stdout)
+    assert result["on"] == "host-opencl" and result["trials_before"] == n1
+    assert result["trials"] == 8 and result["trials_run"] == 8 - n1 and result["stopped"] == "trials"
+    assert records.read_bytes().startswith(first)
+    summary = load_tuning(out)
+    tuned = [t for t in summary.tasks if t.trials]
+    assert len(tuned) == 2 and all(t.best_seconds and t.best_seconds < 1.0 for t in tuned)  # real PoCL timings
+    assert summary.meta.target["kind"] == "opencl" and summary.meta.tuning_target["host"]["kind"] == "llvm"
+    database = JSONDatabase(path_workload=str(out / WORKLOAD_FILE), path_tuning_record=str(records))
+    assert all(str(r.target.kind.name) == "opencl" for r in database.get_all_tuning_records())
+
+    build = compile_model(model.path, "mali-g610", tmp_path / "build", input_shapes=model.input_shapes, tuning=out)
+    gpu = build.manifest.extra["opencl"]
+    assert gpu["pipeline"] == "gpu_generic (tuned)" and gpu["schedules"].get("tuned") == 2, gpu["schedules"]
+    assert gpu["cpu_fallback"] == []
+    tuned_functions = {f["name"] for f in gpu["functions"] if f["schedule"] == "tuned"}
+    assert {n.split("_")[1] for n in tuned_functions} == {"conv2d36", "conv2d40"}
+    # host-opencl runs the kernels the device library ships: the tuned ones
+    import tvm
+
+    host_source = opencl.opencl_source(tvm.runtime.load_module(str(build.host_library)))
+    assert host_source == (build.output_dir / "device" / "kernels.cl").read_text()
+    report = validate(build.output_dir, "host-opencl", seed=3)
+    assert report.passed, report.to_dict()

@@ -274,9 +274,16 @@ def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> Server
     if missing:
         raise ToolchainError(f"The {profile.triple} TVM runtime in {runtime.root} lacks {', '.join(missing)}.",
                              "Remove that directory so that edgepack fetches or builds it again.")
+    plugins: dict[str, Path] = {}
+    if getattr(profile, "backend", "cpu") == "opencl":  # the server loads it from its own directory
+        from edgepack import opencl
+
+        plugin, _plugin_runtime = opencl.target_plugin(profile.triple, compilers.cc, compilers.cxx, log=log)
+        plugins[opencl.PLUGIN_SHARED] = plugin.shared
     key_data = {
         "source": file_sha256(source),
         "libs": {name: file_sha256(libs[name]) for name in RUNTIME_LIBS},
+        "plugins": {name: file_sha256(path) for name, path in plugins.items()},
         "cc": compilers.version,
         "cc_path": os.path.realpath(compilers.cc),
         "cflags": list(runtime.cflags),
@@ -292,8 +299,8 @@ def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> Server
         _say(log, f"Building the RPC server for {profile.triple}")
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=base))
         try:
-            for name in RUNTIME_LIBS:
-                shutil.copy2(libs[name], staging / name)
+            for name, path in [*((n, libs[n]) for n in RUNTIME_LIBS), *plugins.items()]:
+                shutil.copy2(path, staging / name)
                 (staging / name).chmod(0o755)
             exe = staging / SERVER_PROGRAM
             cmd = [compilers.cc, "-std=c11", "-O2", "-Wall", "-Wextra", *runtime.cflags,
@@ -311,7 +318,7 @@ def ensure_server_bundle(profile: Any, *, log: Progress | None = None) -> Server
                 "server_version": _server_version(source),
                 "triple": profile.triple,
                 "runtime_origin": runtime.origin,
-                "files": {name: file_sha256(staging / name) for name in (*RUNTIME_LIBS, SERVER_PROGRAM)},
+                "files": {name: file_sha256(staging / name) for name in (*RUNTIME_LIBS, SERVER_PROGRAM, *plugins)},
             }
             (staging / INSTALL_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             staging.chmod(0o755)

@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -53,7 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EP_VERSION "0.1.0"
+#define EP_VERSION "0.2.0"
 
 #define RPC_MAGIC 0xFF271
 #define RPC_TRACKER_MAGIC 0x2F271
@@ -93,6 +94,8 @@ typedef struct {
   int num_loads;
   int once; /* serve one session, then exit */
   int silent;
+  int no_plugins; /* do not load the GPU runtime plug-ins found next to the program */
+  int exit_with_parent; /* SIGTERM when the process that started us ends (Linux prctl) */
 } Options;
 
 static Options g_opt;
@@ -848,6 +851,56 @@ static int ep_run(void) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* GPU runtime plug-ins                                                                       */
+
+/*
+ * The official runtime has no GPU runtime; edgepack's are plug-ins (runtimes/opencl:
+ * libtvm_opencl.so, runtimes/vulkan: libtvm_vulkan.so) whose static initialisers register their
+ * device API and module loader with tvm-ffi. Installed next to this program they are loaded at
+ * start-up (as the C API loads them next to a model), so that clients see session.device("opencl")
+ * and uploaded GPU candidates load: what tuning a Mali/Adreno profile needs. The variable of each
+ * names another file. A plug-in loads the GPU driver only when a GPU is first used, so loading it
+ * on a device without one is harmless. They are loaded before any session is forked: every
+ * session process inherits them, and only session processes touch the driver.
+ */
+typedef struct {
+  const char* file;
+  const char* env;
+} ep_plugin;
+
+static const ep_plugin ep_plugins[] = {
+    {"libtvm_opencl.so", "EDGEPACK_OPENCL_PLUGIN"},
+    {"libtvm_vulkan.so", "EDGEPACK_VULKAN_PLUGIN"},
+};
+
+static int ep_load_plugins(void) {
+  char self[EP_MAX_PATH];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  char* slash = NULL;
+  if (n > 0) {
+    self[n] = '\0';
+    slash = strrchr(self, '/');
+  }
+  for (size_t i = 0; i < sizeof(ep_plugins) / sizeof(ep_plugins[0]); ++i) {
+    char path[EP_MAX_PATH];
+    const char* env = getenv(ep_plugins[i].env);
+    if (env != NULL && env[0] != '\0') {
+      snprintf(path, sizeof(path), "%s", env);
+    } else {
+      if (slash == NULL) continue;
+      int len = snprintf(path, sizeof(path), "%.*s/%s", (int)(slash - self), self, ep_plugins[i].file);
+      if (len < 0 || (size_t)len >= sizeof(path) || access(path, R_OK) != 0) continue; /* not installed */
+    }
+    if (dlopen(path, RTLD_NOW | RTLD_GLOBAL) == NULL) {
+      ep_log("ERROR", "cannot load the GPU runtime plug-in %s: %s", path, dlerror());
+      return -1;
+    }
+    ep_log("INFO", "loaded the GPU runtime plug-in %s", path);
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* main                                                                                      */
 
 static void ep_usage(FILE* out) {
@@ -867,6 +920,11 @@ static void ep_usage(FILE* out) {
           "  --custom-addr ADDR   address the tracker gives to clients (default: as the tracker "
           "sees us)\n"
           "  --load LIB           dlopen LIB (RTLD_GLOBAL) before serving; may be repeated\n"
+          "  --no-plugins         do not load the GPU runtime plug-ins next to the program\n"
+          "                       (libtvm_opencl.so, libtvm_vulkan.so; or $EDGEPACK_OPENCL_PLUGIN,\n"
+          "                       $EDGEPACK_VULKAN_PLUGIN)\n"
+          "  --exit-with-parent   stop when the process that started this one ends, even if it was\n"
+          "                       killed (for a server started by a local tool)\n"
           "  --once               serve one session, then exit\n"
           "  --silent             log errors only\n"
           "  --version, --help\n");
@@ -962,6 +1020,10 @@ static int ep_parse_args(int argc, char** argv) {
         return -1;
       }
       g_opt.loads[g_opt.num_loads++] = v;
+    } else if (strcmp(a, "--no-plugins") == 0) {
+      g_opt.no_plugins = 1;
+    } else if (strcmp(a, "--exit-with-parent") == 0) {
+      g_opt.exit_with_parent = 1;
     } else if (strcmp(a, "--once") == 0) {
       g_opt.once = 1;
     } else if (strcmp(a, "--silent") == 0) {
@@ -989,7 +1051,12 @@ static int ep_parse_args(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  pid_t parent = getppid();
   if (ep_parse_args(argc, argv) != 0) return 2;
+  if (g_opt.exit_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) return 0; /* it ended before the line above */
+  }
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = ep_on_signal;
@@ -1005,6 +1072,7 @@ int main(int argc, char** argv) {
     }
     ep_log("INFO", "loaded additional library %s", g_opt.loads[i]);
   }
+  if (!g_opt.no_plugins && ep_load_plugins() != 0) return 1;
   struct stat st;
   if (stat(g_opt.workdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
     ep_log("ERROR", "--workdir %s is not a directory", g_opt.workdir);

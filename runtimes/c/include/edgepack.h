@@ -187,6 +187,9 @@ EP_API ep_status ep_model_close(ep_model** model);
  * A model that runs OpenCL kernels is then run on OpenCL device 0 (the first GPU of the driver;
  * see runtimes/opencl/README.md for EDGEPACK_OPENCL_* settings): inputs are copied to the device
  * and outputs back to CPU memory by ep_model_run(), so the rest of this API is unchanged.
+ * Vulkan models (vulkan-generic, mali-g610-vulkan) work the same way with edgepack's Vulkan
+ * runtime: lib/libtvm_vulkan.so ($EDGEPACK_VULKAN_PLUGIN), which loads lib/libwgpu_native.so from
+ * its own directory (see runtimes/vulkan/README.md); they run on TVM's webgpu device 0.
  * Errors: EP_ERR_LOAD with the dynamic loader's message.
  */
 EP_API ep_status ep_load_plugin(const char* path);

@@ -183,7 +183,7 @@ struct ep_model {
   ep_input_slot* slots;
   TVMFFIObjectHandle* out_tensors; /* outputs of the last successful run (owned refs) */
   int has_run;
-  int device_type; /* where the VM runs: kDLCPU, or kDLOpenCL for GPU models */
+  int device_type; /* where the VM runs: kDLCPU, or kDLOpenCL / kDLWebGPU for GPU models */
   int device_id;
 };
 
@@ -580,10 +580,28 @@ static ep_status ep_embedded_meta(TVMFFIObjectHandle exec, const char** out_text
 /* ---------------------------------------------------------------------------------------- */
 /* open / close                                                                               */
 
-/* ---- GPU models: edgepack's OpenCL runtime plug-in (runtimes/opencl) ------------------- */
+/* ---- GPU models: edgepack's runtime plug-ins (runtimes/opencl, runtimes/vulkan) -------- */
 
-#define EP_OPENCL_PLUGIN "libtvm_opencl.so"
-#define EP_OPENCL_LOADER "ffi.Module.load_from_bytes.opencl"
+/* One GPU runtime plug-in: its file, the variable that overrides where it is, the module loader
+ * it registers (present = loaded), the function that says whether a model needs it, and the TVM
+ * device type such models run on. */
+typedef struct {
+  const char* file;
+  const char* env;
+  const char* loader;
+  const char* uses;
+  int device_type;
+  const char* what;
+} ep_plugin_info;
+
+static const ep_plugin_info ep_plugins[] = {
+    {"libtvm_opencl.so", "EDGEPACK_OPENCL_PLUGIN", "ffi.Module.load_from_bytes.opencl",
+     "edgepack.opencl.uses_opencl", kDLOpenCL, "an OpenCL GPU"},
+    /* TVM's webgpu device: WGSL shaders run by wgpu-native (on Vulkan) */
+    {"libtvm_vulkan.so", "EDGEPACK_VULKAN_PLUGIN", "ffi.Module.load_from_bytes.webgpu",
+     "edgepack.vulkan.uses_webgpu", kDLWebGPU, "a Vulkan GPU (WGSL on wgpu-native)"},
+};
+#define EP_NUM_PLUGINS ((int)(sizeof(ep_plugins) / sizeof(ep_plugins[0])))
 
 ep_status ep_load_plugin(const char* path) {
   void* handle;
@@ -615,21 +633,21 @@ static int ep_global_exists(const char* name) {
   return 1;
 }
 
-/* Before opening a model file: make the OpenCL runtime available if it is not yet, from
- * $EDGEPACK_OPENCL_PLUGIN or from the model's directory (a C bundle keeps lib/model.so next to
- * lib/libtvm_opencl.so). No plug-in found is fine: CPU models do not need one. */
-static ep_status ep_autoload_plugins(const char* model_path) {
-  const char* env = getenv("EDGEPACK_OPENCL_PLUGIN");
+/* Load one plug-in if it is not registered yet: from its environment variable, else from the
+ * model's directory (a C bundle keeps lib/model.so next to lib/libtvm_opencl.so or
+ * lib/libtvm_vulkan.so). Not found is fine: CPU models need none. */
+static ep_status ep_autoload_plugin(const ep_plugin_info* plugin, const char* model_path) {
+  const char* env = getenv(plugin->env);
   const char* slash;
   char* candidate;
   size_t dir_len;
   ep_status st = EP_OK;
-  if (ep_global_exists(EP_OPENCL_LOADER)) return EP_OK;
+  if (ep_global_exists(plugin->loader)) return EP_OK;
   if (env != NULL && env[0] != '\0') return ep_load_plugin(env);
   if (model_path == NULL) return EP_OK;
   slash = strrchr(model_path, '/');
   dir_len = slash == NULL ? 0 : (size_t)(slash - model_path) + 1;
-  candidate = (char*)malloc(dir_len + sizeof(EP_OPENCL_PLUGIN) + 2);
+  candidate = (char*)malloc(dir_len + strlen(plugin->file) + 3);
   if (candidate == NULL) return ep_fail(EP_ERR_NO_MEMORY, "out of memory");
   if (dir_len == 0) {
     strcpy(candidate, "./");
@@ -637,36 +655,56 @@ static ep_status ep_autoload_plugins(const char* model_path) {
     memcpy(candidate, model_path, dir_len);
     candidate[dir_len] = '\0';
   }
-  strcat(candidate, EP_OPENCL_PLUGIN);
+  strcat(candidate, plugin->file);
   if (access(candidate, R_OK) == 0) st = ep_load_plugin(candidate);
   free(candidate);
   return st;
 }
 
-/* After a failed load: say what is missing when the model needs the OpenCL runtime. */
+/* Before opening a model file: make the GPU runtimes available if they are not yet. */
+static ep_status ep_autoload_plugins(const char* model_path) {
+  int i;
+  for (i = 0; i < EP_NUM_PLUGINS; ++i) {
+    ep_status st = ep_autoload_plugin(&ep_plugins[i], model_path);
+    if (st != EP_OK) return st;
+  }
+  return EP_OK;
+}
+
+/* After a failed load: say what is missing when the model needs a GPU runtime. */
 static ep_status ep_explain_missing_plugin(ep_status st) {
-  if (st != EP_OK && strstr(ep_error_buf, EP_OPENCL_LOADER) != NULL) {
-    size_t n = strlen(ep_error_buf);
-    snprintf(ep_error_buf + n, sizeof(ep_error_buf) - n,
-             " -- this model runs on an OpenCL GPU: put edgepack's OpenCL runtime (" EP_OPENCL_PLUGIN
-             ") next to the model library, set EDGEPACK_OPENCL_PLUGIN, or call ep_load_plugin()");
+  int i;
+  for (i = 0; st != EP_OK && i < EP_NUM_PLUGINS; ++i) {
+    const ep_plugin_info* p = &ep_plugins[i];
+    if (strstr(ep_error_buf, p->loader) != NULL) {
+      size_t n = strlen(ep_error_buf);
+      snprintf(ep_error_buf + n, sizeof(ep_error_buf) - n,
+               " -- this model runs on %s: put edgepack's runtime (%s) next to the model library, "
+               "set %s, or call ep_load_plugin()",
+               p->what, p->file, p->env);
+      break;
+    }
   }
   return st;
 }
 
-/* Whether the executable runs OpenCL kernels (asks the plug-in; without it: no). */
+/* Which device the executable runs on (asks each loaded plug-in; none says yes: the CPU). */
 static ep_status ep_pick_device(ep_model* m) {
   TVMFFIAny args[1];
   TVMFFIAny res;
   ep_status st;
+  int i;
   m->device_type = kDLCPU;
   m->device_id = 0;
-  if (!ep_global_exists("edgepack.opencl.uses_opencl")) return EP_OK;
-  args[0] = ep_any_obj(m->exec);
-  st = ep_call_global("edgepack.opencl.uses_opencl", args, 1, &res, EP_ERR_LOAD);
-  if (st != EP_OK) return st;
-  if (res.type_index == kTVMFFIBool && res.v_int64 != 0) m->device_type = kDLOpenCL;
-  ep_any_release(&res);
+  for (i = 0; i < EP_NUM_PLUGINS; ++i) {
+    if (!ep_global_exists(ep_plugins[i].uses)) continue;
+    args[0] = ep_any_obj(m->exec);
+    st = ep_call_global(ep_plugins[i].uses, args, 1, &res, EP_ERR_LOAD);
+    if (st != EP_OK) return st;
+    if (res.type_index == kTVMFFIBool && res.v_int64 != 0) m->device_type = ep_plugins[i].device_type;
+    ep_any_release(&res);
+    if (m->device_type != kDLCPU) break;
+  }
   return EP_OK;
 }
 

@@ -35,143 +35,21 @@
 #include <map>
 #include <unordered_map>
 
+#include "edgepack_gpu/kernel_cache.h"
+#include "edgepack_gpu/launch.h"
+#include "edgepack_gpu/module_data.h"
+#include "edgepack_gpu/util.h"
 #include "opencl_common.h"
 
 namespace edgepack {
 namespace opencl {
 
 namespace ffi = tvm::ffi;
+// shared with the Vulkan runtime (runtimes/gpu-common): module data, launch sizes, kernel cache
+using gpu::KernelInfo;
+using gpu::LaunchConfig;
 
-// ---------------------------------------------------------------------------------------------
-// (de)serialization
-
-class ByteReader {
- public:
-  ByteReader(const char* data, size_t size) : data_(data), size_(size) {}
-
-  uint64_t U64() {
-    Need(8, "integer");
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
-    pos_ += 8;
-    return v;
-  }
-  int32_t I32() {
-    Need(4, "integer");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
-    pos_ += 4;
-    return static_cast<int32_t>(v);
-  }
-  DLDataType DType() {
-    Need(4, "data type");
-    DLDataType t;
-    t.code = static_cast<uint8_t>(data_[pos_]);
-    t.bits = static_cast<uint8_t>(data_[pos_ + 1]);
-    t.lanes = static_cast<uint16_t>(static_cast<uint8_t>(data_[pos_ + 2]) |
-                                    (static_cast<uint8_t>(data_[pos_ + 3]) << 8));
-    pos_ += 4;
-    return t;
-  }
-  std::string Str() {
-    uint64_t n = Count(1);
-    std::string s(data_ + pos_, static_cast<size_t>(n));
-    pos_ += static_cast<size_t>(n);
-    return s;
-  }
-  // an element count, checked against what is left (so corrupt input cannot allocate wildly)
-  uint64_t Count(size_t min_element_size) {
-    uint64_t n = U64();
-    if (n > (size_ - pos_) / std::max<size_t>(min_element_size, 1)) Fail("count");
-    return n;
-  }
-  bool AtEnd() const { return pos_ == size_; }
-
- private:
-  void Need(size_t n, const char* what) {
-    if (size_ - pos_ < n) Fail(what);
-  }
-  [[noreturn]] void Fail(const char* what) {
-    TVM_FFI_THROW(ValueError) << "The OpenCL module data is truncated or corrupt (bad " << what
-                              << " at byte " << pos_ << " of " << size_ << ")";
-    TVM_FFI_UNREACHABLE();
-  }
-  const char* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
-
-class ByteWriter {
- public:
-  void U64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  void I32(int32_t v) {
-    uint32_t u = static_cast<uint32_t>(v);
-    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
-  }
-  void DType(DLDataType t) {
-    out_.push_back(static_cast<char>(t.code));
-    out_.push_back(static_cast<char>(t.bits));
-    out_.push_back(static_cast<char>(t.lanes & 0xff));
-    out_.push_back(static_cast<char>((t.lanes >> 8) & 0xff));
-  }
-  void Str(const std::string& s) {
-    U64(s.size());
-    out_ += s;
-  }
-  const std::string& bytes() const { return out_; }
-
- private:
-  std::string out_;
-};
-
-// ---------------------------------------------------------------------------------------------
-// kernels
-
-struct KernelInfo {
-  std::string name;
-  std::vector<DLDataType> arg_types;
-  std::vector<std::string> launch_param_tags;
-  std::vector<int32_t> arg_extra_tags;
-};
-
-/*! \brief Where each launch parameter goes: 0-2 grid x/y/z, 3-5 block x/y/z. */
-struct LaunchConfig {
-  std::vector<int> slots;
-  cl::cl_uint work_dim = 1;
-
-  static LaunchConfig From(const KernelInfo& info) {
-    LaunchConfig c;
-    bool filled[6] = {false, false, false, false, false, false};
-    for (const std::string& tag : info.launch_param_tags) {
-      int rank = -1;
-      if (tag.compare(0, 9, "blockIdx.") == 0) {
-        rank = 0;
-      } else if (tag.compare(0, 10, "threadIdx.") == 0) {
-        rank = 1;
-      } else if (tag == "tirx.use_required_block_dimension") {
-        continue;  // a hint; OpenCL takes the block size from the launch anyway
-      } else {
-        TVM_FFI_THROW(RuntimeError) << "OpenCL kernel " << info.name
-                                    << " needs launch parameter '" << tag
-                                    << "', which edgepack's OpenCL runtime does not support";
-      }
-      char axis = tag.back();
-      if (axis < 'x' || axis > 'z') {
-        TVM_FFI_THROW(RuntimeError) << "OpenCL kernel " << info.name
-                                    << ": unknown launch parameter '" << tag << "'";
-      }
-      int slot = rank * 3 + (axis - 'x');
-      c.slots.push_back(slot);
-      filled[slot] = true;
-    }
-    for (int i = 0; i < 3; ++i) {
-      if (filled[i] || filled[i + 3]) c.work_dim = static_cast<cl::cl_uint>(i + 1);
-    }
-    return c;
-  }
-};
+constexpr const char* kRuntime = "OpenCL";
 
 struct CompiledKernel {
   cl::cl_program program = nullptr;
@@ -179,18 +57,16 @@ struct CompiledKernel {
   std::mutex launch_mutex;  // clSetKernelArg + enqueue must not interleave between threads
 };
 
-bool EnvFlag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
-
 class OpenCLModuleObj final : public ffi::ModuleObj {
  public:
   OpenCLModuleObj(std::string fmt, std::vector<KernelInfo> kernels, std::string source)
       : fmt_(std::move(fmt)), kernels_(std::move(kernels)), source_(std::move(source)) {
     for (size_t i = 0; i < kernels_.size(); ++i) {
       index_[kernels_[i].name] = i;
-      launch_.push_back(LaunchConfig::From(kernels_[i]));
+      // "tirx.use_required_block_dimension" is a hint: OpenCL takes the block size from the launch
+      launch_.push_back(LaunchConfig::From(kernels_[i], kRuntime, [](const std::string& tag) {
+        return tag == "tirx.use_required_block_dimension";
+      }));
     }
     SplitSections();
   }
@@ -198,12 +74,10 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   ~OpenCLModuleObj() {
     if (ShuttingDown() || cl::GetApi() == nullptr) return;
     const cl::Api& api = *cl::GetApi();
-    for (auto& per_device : compiled_) {
-      for (auto& kv : per_device) {
-        if (kv.second->kernel) api.ReleaseKernel(kv.second->kernel);
-        if (kv.second->program) api.ReleaseProgram(kv.second->program);
-      }
-    }
+    compiled_.ForEach([&api](CompiledKernel& k) {
+      if (k.kernel) api.ReleaseKernel(k.kernel);
+      if (k.program) api.ReleaseProgram(k.program);
+    });
   }
 
   const char* kind() const final { return "opencl"; }
@@ -224,19 +98,9 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   }
 
   ffi::Bytes SaveToBytes() const final {
-    ByteWriter w;
+    gpu::ByteWriter w;
     w.Str(fmt_);
-    w.U64(kernels_.size());
-    for (const KernelInfo& k : kernels_) {
-      w.Str(k.name);  // key
-      w.Str(k.name);
-      w.U64(k.arg_types.size());
-      for (DLDataType t : k.arg_types) w.DType(t);
-      w.U64(k.launch_param_tags.size());
-      for (const std::string& tag : k.launch_param_tags) w.Str(tag);
-      w.U64(k.arg_extra_tags.size());
-      for (int32_t t : k.arg_extra_tags) w.I32(t);
-    }
+    w.FunctionMap(kernels_);
     w.Str(source_);
     return ffi::Bytes(w.bytes());
   }
@@ -256,23 +120,9 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   }
 
   static ffi::Module LoadFromBytes(const ffi::Bytes& bytes) {
-    ByteReader r(bytes.data(), bytes.size());
+    gpu::ByteReader r(bytes.data(), bytes.size(), "OpenCL");
     std::string fmt = r.Str();
-    uint64_t n = r.Count(8);
-    std::vector<KernelInfo> kernels;
-    for (uint64_t i = 0; i < n; ++i) {
-      KernelInfo k;
-      std::string key = r.Str();
-      k.name = r.Str();
-      if (k.name.empty()) k.name = key;
-      uint64_t nargs = r.Count(4);
-      for (uint64_t j = 0; j < nargs; ++j) k.arg_types.push_back(r.DType());
-      uint64_t ntags = r.Count(8);
-      for (uint64_t j = 0; j < ntags; ++j) k.launch_param_tags.push_back(r.Str());
-      uint64_t nextra = r.Count(4);
-      for (uint64_t j = 0; j < nextra; ++j) k.arg_extra_tags.push_back(r.I32());
-      kernels.push_back(std::move(k));
-    }
+    std::vector<KernelInfo> kernels = r.FunctionMap();
     std::string source = r.Str();
     if (!r.AtEnd()) {
       TVM_FFI_THROW(ValueError) << "The OpenCL module data has trailing bytes: not a module "
@@ -314,14 +164,12 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   }
 
   CompiledKernel* GetKernel(int dev_id, size_t index) {
+    return compiled_.Get(dev_id, index, [&]() { return Build(dev_id, index); });
+  }
+
+  std::unique_ptr<CompiledKernel> Build(int dev_id, size_t index) {
     OpenCLWorkspace* ws = OpenCLWorkspace::Global();
     const KernelInfo& info = kernels_[index];
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (compiled_.size() <= static_cast<size_t>(dev_id)) compiled_.resize(dev_id + 1);
-    auto& table = compiled_[dev_id];
-    auto it = table.find(info.name);
-    if (it != table.end()) return it->second.get();
-
     const cl::Api& api = ws->Api();
     DeviceEntry& dev = ws->Entry(dev_id);
     auto sec = sections_.find(info.name);
@@ -348,9 +196,7 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
       api.ReleaseProgram(entry->program);
       ThrowCLError(err, "clCreateKernel(" + info.name + ")");
     }
-    CompiledKernel* raw = entry.get();
-    table[info.name] = std::move(entry);
-    return raw;
+    return entry;
   }
 
   static std::string BuildLog(const cl::Api& api, cl::cl_program program, cl::cl_device_id dev) {
@@ -371,29 +217,18 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
     const KernelInfo& info = kernels_[index];
     const LaunchConfig& launch = launch_[index];
     const size_t nargs = info.arg_types.size();
-    if (static_cast<size_t>(args.size()) < nargs + launch.slots.size()) {
-      TVM_FFI_THROW(RuntimeError) << "OpenCL kernel " << info.name << " expects "
-                                  << nargs + launch.slots.size() << " arguments, got "
-                                  << args.size();
-    }
-    const TVMFFIAny* raw = reinterpret_cast<const TVMFFIAny*>(args.data());
+    const TVMFFIAny* raw = gpu::KernelArgs(info, launch, args.data(), args.size(), kRuntime);
+    gpu::LaunchDims dims = gpu::ReadLaunch(info, launch, raw);
+    if (dims.empty) return;  // nothing to do (dynamic shapes can give empty launches)
     OpenCLWorkspace* ws = OpenCLWorkspace::Global();
     const int dev_id = ws->CurrentDeviceId();
     CompiledKernel* k = GetKernel(dev_id, index);
     const cl::Api& api = *cl::GetApi();
 
-    size_t grid[3] = {1, 1, 1};
-    size_t block[3] = {1, 1, 1};
-    for (size_t i = 0; i < launch.slots.size(); ++i) {
-      int64_t v = raw[nargs + i].v_int64;
-      if (v <= 0) return;  // nothing to do (dynamic shapes can give empty launches)
-      int slot = launch.slots[i];
-      (slot < 3 ? grid[slot] : block[slot - 3]) = static_cast<size_t>(v);
-    }
     size_t global[3], local[3];
     for (int d = 0; d < 3; ++d) {
-      global[d] = grid[d] * block[d];
-      local[d] = block[d];
+      global[d] = static_cast<size_t>(dims.grid[d] * dims.block[d]);
+      local[d] = static_cast<size_t>(dims.block[d]);
     }
 
     std::lock_guard<std::mutex> lock(k->launch_mutex);
@@ -404,24 +239,16 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
       if (t.code == kDLOpaqueHandle) {
         cl::cl_mem mem = static_cast<cl::cl_mem>(a.v_ptr);
         err = api.SetKernelArg(k->kernel, static_cast<cl::cl_uint>(i), sizeof(cl::cl_mem), &mem);
-      } else if (t.lanes != 1) {
-        TVM_FFI_THROW(RuntimeError) << "OpenCL kernel " << info.name << ": vector argument "
-                                    << i << " is not supported";
-      } else if (t.code == kDLFloat && t.bits == 32) {
-        float v = static_cast<float>(a.v_float64);
-        err = api.SetKernelArg(k->kernel, static_cast<cl::cl_uint>(i), sizeof(v), &v);
-      } else if (t.code == kDLFloat && t.bits == 64) {
-        double v = a.v_float64;
-        err = api.SetKernelArg(k->kernel, static_cast<cl::cl_uint>(i), sizeof(v), &v);
-      } else if ((t.code == kDLInt || t.code == kDLUInt) &&
-                 (t.bits == 8 || t.bits == 16 || t.bits == 32 || t.bits == 64)) {
-        // little-endian: the low bytes of the int64 are the narrower integer
-        int64_t v = a.v_int64;
-        err = api.SetKernelArg(k->kernel, static_cast<cl::cl_uint>(i), t.bits / 8, &v);
       } else {
-        TVM_FFI_THROW(RuntimeError) << "OpenCL kernel " << info.name << ": argument " << i
-                                    << " has type " << ffi::DLDataTypeToString(t)
-                                    << ", which cannot be passed to an OpenCL kernel";
+        // scalars in their own width: int8..int64 / uint8..uint64, float32, float64
+        unsigned char value[8];
+        const size_t width = t.bits / 8;
+        if (t.bits % 8 != 0 || !gpu::PackScalar(t, a, width, value)) {
+          TVM_FFI_THROW(RuntimeError) << "OpenCL kernel " << info.name << ": argument " << i
+                                      << " has type " << gpu::TypeName(t)
+                                      << ", which cannot be passed to an OpenCL kernel";
+        }
+        err = api.SetKernelArg(k->kernel, static_cast<cl::cl_uint>(i), width, value);
       }
       if (err != cl::CL_SUCCESS) {
         ThrowCLError(err, "clSetKernelArg(" + info.name + ", " + std::to_string(i) + ")");
@@ -457,9 +284,8 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   std::unordered_map<std::string, size_t> index_;
   std::vector<LaunchConfig> launch_;
   std::unordered_map<std::string, std::string> sections_;
-  std::mutex mutex_;
-  std::vector<std::unordered_map<std::string, std::unique_ptr<CompiledKernel>>> compiled_;
-  bool sync_each_launch_ = EnvFlag("EDGEPACK_OPENCL_SYNC");
+  gpu::KernelCache<CompiledKernel> compiled_;
+  bool sync_each_launch_ = gpu::EnvFlag("EDGEPACK_OPENCL_SYNC");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -467,26 +293,7 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
 
 namespace {
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
+using gpu::JsonEscape;
 
 /*! \brief JSON: the OpenCL library loaded, and the devices tvm.opencl(i) maps to. */
 std::string RuntimeInfo() {
@@ -516,21 +323,7 @@ std::string RuntimeInfo() {
   return os.str();
 }
 
-/*! \brief Whether ``mod`` or a module it imports (recursively) runs OpenCL kernels. */
-bool UsesOpenCL(const ffi::Module& mod, int depth = 0) {
-  if (std::strcmp(mod->kind(), "opencl") == 0) return true;
-  if (depth > 16) return false;
-  for (const ffi::Any& item : mod->imports()) {
-    if (auto child = item.try_cast<ffi::Module>()) {
-      if (UsesOpenCL(child.value(), depth + 1)) return true;
-    }
-  }
-  return false;
-}
-
-// A name already taken means another copy of this plug-in (from another path) was loaded
-// first: it wins, so device pointers and modules never mix two copies' state.
-bool Taken(const char* name) { return ffi::Function::GetGlobal(name).has_value(); }
+bool Taken(const char* name) { return gpu::GlobalTaken(name); }
 
 }  // namespace
 
@@ -549,7 +342,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   if (!Taken("edgepack.opencl.uses_opencl")) {
     // for C programs (edgepack.c): does this model need the OpenCL device?
     refl::GlobalDef().def("edgepack.opencl.uses_opencl",
-                          [](const ffi::Module& mod) { return UsesOpenCL(mod); });
+                          [](const ffi::Module& mod) { return gpu::UsesModuleKind(mod, "opencl"); });
   }
   if (!Taken("edgepack.opencl.runtime_info")) {
     refl::GlobalDef().def("edgepack.opencl.runtime_info",

@@ -1,0 +1,68 @@
+"""edgepack's ONNX converters on configurations the backend node suite does not cover, each
+checked against ONNX Runtime on a generated model (compiled for the host, run in the Relax VM)."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgepack.compiler import HOST_TARGET, build
+from edgepack.importers import import_model
+
+
+def _run_both(model, feeds, tmp_path):
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    from edgepack.validation import flatten_outputs
+
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    imported = import_model(path)
+    vm = relax.VirtualMachine(build(imported, tvm.target.Target(HOST_TARGET)), tvm.cpu())
+    actual = flatten_outputs(vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in imported.inputs]))
+    return actual, expected
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_bidirectional_recurrence_with_sequence_lengths_matches_onnxruntime(tmp_path, op):
+    rng = np.random.default_rng(0)
+    seq, batch, inp, hidden = 5, 3, 4, 6
+    gates = 4 if op == "LSTM" else 3
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (2, gates * hidden, inp)).astype(np.float32), "W")
+    r = numpy_helper.from_array(rng.normal(0, 0.5, (2, gates * hidden, hidden)).astype(np.float32), "R")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, (2, 2 * gates * hidden)).astype(np.float32), "B")
+    lens = numpy_helper.from_array(np.array([5, 3, 1], dtype=np.int32), "lens")
+    outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    node = helper.make_node(op, ["X", "W", "R", "B", "lens"], outputs, hidden_size=hidden,
+                            direction="bidirectional", **extra)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, inp])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], [w, r, b, lens])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    x = rng.normal(0, 1, (seq, batch, inp)).astype(np.float32)
+    actual, expected = _run_both(model, {"X": x}, tmp_path)
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_resize_keeps_tvms_kernel_where_it_is_exact_and_matches_elsewhere(tmp_path):
+    """A 2x nearest upsample (the common YOLO/FPN case) stays TVM's resize2d; a fractional linear
+    downscale goes through edgepack's interpolation matrices; both match ONNX Runtime."""
+    for mode, scales, want_tvm in (("nearest", [1, 1, 2, 2], True), ("linear", [1, 1, 0.6, 0.7], False)):
+        node = helper.make_node("Resize", ["X", "", "scales"], ["Y"], mode=mode)
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 10, 12])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(np.array(scales, dtype=np.float32), "scales")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        x = np.random.default_rng(1).normal(0, 1, (1, 3, 10, 12)).astype(np.float32)
+        actual, expected = _run_both(model, {"X": x}, tmp_path)
+        np.testing.assert_allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+        path = tmp_path / "m.onnx"
+        text = import_model(path).mod.script()
+        assert ("image.resize2d" in text) == want_tvm, text

@@ -1,0 +1,500 @@
+"""Vulkan GPUs: TVM's WGSL (webgpu target) run by wgpu-native on lavapipe (Mesa's Vulkan driver on
+this CPU) through edgepack's runtime module (runtimes/vulkan), with the real test models compiled
+for vulkan-generic / mali-g610-vulkan, plus the C API, C bundles and the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import assert_clean_error, run_cli
+
+from edgepack import vulkan
+from edgepack.errors import CompileError, EdgepackError, ValidationError
+from edgepack.manifest import read_manifest
+from edgepack.profiles import get_profile
+from edgepack.reference import run_reference
+from edgepack.validation import compare, random_inputs, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+VULKAN_SRC = ROOT / "runtimes" / "vulkan"
+QEMU = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+
+
+# ----------------------------------------------------------------------------------------------
+# fixtures
+
+
+def _install_lavapipe() -> str | None:
+    """Install lavapipe with apt when we may (root, Debian/Ubuntu); returns why not, or None."""
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return "no Vulkan driver, and lavapipe cannot be installed here (needs root and apt-get)"
+    cmd = ["apt-get", "install", "-y", "-q", "mesa-vulkan-drivers", "libvulkan1"]
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True,
+                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if result.returncode != 0:
+        return f"`{' '.join(cmd)}` failed: {result.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lavapipe():
+    """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0)."""
+    ok, found, _hint = vulkan.host_vulkan_status()
+    if not ok:
+        why = _install_lavapipe()
+        if why:
+            pytest.skip(f"{found}: {why}")
+    try:
+        info = vulkan.load_plugin()
+    except EdgepackError as err:  # e.g. no network for the pinned wgpu wheel
+        pytest.skip(f"edgepack's Vulkan runtime is not available: {err}")
+    if not info["available"] or not info["devices"]:
+        pytest.skip(f"no Vulkan adapter: {info.get('error')}")
+    return info
+
+
+@pytest.fixture(scope="session")
+def vk_build(models, tmp_path_factory):
+    """Compile each (model, Vulkan profile) once per session."""
+    from edgepack.compiler import compile_model
+
+    root = tmp_path_factory.mktemp("vulkan-builds")
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(name: str, profile: str = "vulkan-generic") -> Path:
+        if (name, profile) not in built:
+            model = models[name]
+            out = root / f"{name}-{profile}"
+            compile_model(model.path, profile, out, input_shapes=model.input_shapes)
+            built[(name, profile)] = out
+        return built[(name, profile)]
+
+    return get
+
+
+def _tiny(fn, shapes, name="tiny"):
+    import tvm  # noqa: F401
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(fn(*xs))
+        bb.emit_func_output(out)
+    return SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path(name)))
+
+
+def _target(profile: str = "vulkan-generic"):
+    import tvm
+
+    return tvm.target.Target(get_profile(profile).target, host={"kind": "llvm"})
+
+
+def _run_tiny(executable, tmp_path: Path, *arrays: np.ndarray) -> np.ndarray:
+    import tvm
+    from tvm import relax
+
+    path = tmp_path / "tiny.so"
+    executable.export_library(str(path))
+    dev = tvm.device("webgpu", 0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), dev)
+    return vm["main"](*(tvm.runtime.tensor(a, device=dev) for a in arrays)).numpy()
+
+
+def _workgroup_bytes(source: str) -> int:
+    """Bytes of workgroup (shared) memory a WGSL shader declares."""
+    sizes = {"f32": 4, "i32": 4, "u32": 4, "f16": 2}
+    return sum(sizes[t] * int(n) for t, n in
+               re.findall(r"var<workgroup>\s+\w+\s*:\s*array<(\w+),\s*(\d+)>", source))
+
+
+# ----------------------------------------------------------------------------------------------
+# the plug-in and the device
+
+
+@pytest.mark.slow
+def test_plugin_builds_warning_free_without_linking_wgpu_or_vulkan(tmp_path):
+    """-Wall -Wextra -Werror on our sources; libtvm_vulkan.so does not depend on wgpu-native or Vulkan."""
+    from edgepack import native
+
+    rt = native.host_runtime()
+    tvm_dir, ffi_dir = native.tvm_source_dirs()
+    libs = {p.name: p for p in rt.shared_libs}
+    wgpu = vulkan.wgpu_native("x86_64-linux-gnu")
+    build = tmp_path / "b"
+    configure = ["cmake", "-S", str(VULKAN_SRC), "-B", str(build), f"-DTVM_SOURCE_DIR={tvm_dir}",
+                 f"-DTVM_FFI_SOURCE_DIR={ffi_dir}", f"-DTVM_RUNTIME_LIBRARY={libs['libtvm_runtime.so']}",
+                 f"-DTVM_FFI_LIBRARY={libs['libtvm_ffi.so']}", f"-DWGPU_INCLUDE_DIR={wgpu.include_dir}",
+                 "-DEDGEPACK_VULKAN_WERROR=ON"]
+    subprocess.run(configure, check=True, capture_output=True)
+    result = subprocess.run(["cmake", "--build", str(build), "-j2"], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warning" not in (result.stdout + result.stderr).lower()
+    dynamic = subprocess.run(["readelf", "-d", str(build / "lib" / "libtvm_vulkan.so")], capture_output=True,
+                             text=True, check=True).stdout
+    needed = {line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line}
+    assert {"libtvm_runtime.so", "libtvm_ffi.so"} <= needed
+    assert not any("wgpu" in n or "vulkan" in n for n in needed), needed
+    assert (build / "lib" / "libtvm_vulkan.a").is_file()
+
+
+def test_wgpu_native_is_the_pinned_wheel_and_headers():
+    wgpu = vulkan.wgpu_native("x86_64-linux-gnu")
+    manifest = json.loads((wgpu.library.parent.parent / "manifest.json").read_text())
+    assert manifest["wheel_sha256"] == vulkan.WGPU_WHEELS["x86_64-linux-gnu"].sha256
+    assert manifest["wgpu_native"] == vulkan.WGPU_NATIVE_VERSION
+    assert {p.name for p in wgpu.include_dir.iterdir()} >= {"webgpu.h", "wgpu.h"}
+    assert wgpu.library.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_plugin_registers_the_webgpu_device_on_lavapipe(lavapipe):
+    import tvm
+    import tvm_ffi
+
+    for name in ("device_api.webgpu", "ffi.Module.load_from_bytes.webgpu", "edgepack.vulkan.uses_webgpu"):
+        assert tvm_ffi.get_global_func(name, allow_missing=True) is not None, name
+    device = lavapipe["devices"][0]
+    assert device["backend"] == "vulkan" and lavapipe["wgpu_version"] == vulkan.WGPU_NATIVE_VERSION
+    assert lavapipe["library"].endswith("libwgpu_native.so")
+    dev = tvm.device("webgpu", 0)
+    assert dev.exist and dev.device_name == device["name"]
+    # the device is created with the adapter's own limits, not WebGPU's defaults
+    assert dev.max_threads_per_block == device["max_workgroup_invocations"] >= 256
+    assert dev.warp_size == 1 and dev.max_shared_memory_per_block == device["max_workgroup_storage"] >= 16384
+    assert not tvm.device("webgpu", 1).exist
+    assert vulkan.load_plugin() == lavapipe  # loading again is a no-op
+
+
+def test_doctor_status_sees_the_driver(lavapipe):
+    ok, found, hint = vulkan.host_vulkan_status()
+    assert ok and "driver manifest" in found and hint == ""
+
+
+def test_tensors_copy_to_and_from_the_device(lavapipe):
+    import tvm
+
+    dev = tvm.device("webgpu", 0)
+    host = np.random.default_rng(0).random((3, 5, 7), dtype=np.float32)
+    a = tvm.runtime.tensor(host, device=dev)
+    np.testing.assert_array_equal(a.numpy(), host)
+    b = tvm.runtime.empty(host.shape, "float32", dev)
+    a.copyto(b)  # device -> device
+    np.testing.assert_array_equal(b.numpy(), host)
+    odd = np.arange(7, dtype=np.uint8)  # 7 bytes: not a multiple of WebGPU's 4-byte copy unit
+    np.testing.assert_array_equal(tvm.runtime.tensor(odd, device=dev).numpy(), odd)
+    empty = tvm.runtime.tensor(np.zeros((0, 4), np.float32), device=dev)
+    assert empty.numpy().shape == (0, 4)
+
+
+def test_compiled_module_runs_and_reports_its_shaders(lavapipe, tmp_path):
+    """A small Relax program (add, softmax, sum) through the GPU pipeline and the runtime module."""
+    from tvm import relax
+
+    tiny = _tiny(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]), [((4, 64), "float32")])
+    executable, report = vulkan.build_gpu(tiny, _target())
+    assert report.pipeline == "gpu_generic" and report.unscheduled == []
+    assert {k.name for k in report.kernels} >= {"add_kernel", "softmax_kernel", "sum_kernel"}
+    softmax = next(k for k in report.kernels if k.name == "softmax_kernel")
+    assert softmax.launch_params[:2] == ("blockIdx.x", "threadIdx.x") and softmax.grid[0] == 4
+    assert "fn softmax_kernel(" in softmax.source and "@workgroup_size(" in softmax.source
+    assert "workgroupBarrier()" in softmax.source and "var<uniform> podArgs" in softmax.source
+    x = np.random.default_rng(1).random((4, 64), dtype=np.float32)
+    np.testing.assert_allclose(_run_tiny(executable, tmp_path, x), np.ones(4, np.float32), rtol=1e-5)
+
+
+def test_dynamic_shapes_pass_scalar_arguments_in_the_uniform(lavapipe, tmp_path):
+    """A symbolic dimension reaches the shader as a 32-bit scalar in its uniform (podArgs)."""
+    from tvm import relax, tirx
+
+    n = tirx.Var("n", "int64")
+    executable, report = vulkan.build_gpu(_tiny(lambda x: relax.op.add(x, x), [((n, 64), "float32")]), _target())
+    kernel = report.kernels[0]
+    assert "int64" in kernel.arg_types and "n: i32" in kernel.source
+    for rows in (5, 300):
+        x = np.random.default_rng(rows).random((rows, 64), dtype=np.float32)
+        np.testing.assert_allclose(_run_tiny(executable, tmp_path, x), x + x, rtol=1e-6)
+
+
+def test_grids_beyond_the_dispatch_limit_are_folded(lavapipe, tmp_path):
+    """More than 65535 workgroups along x: the runtime folds the grid into z, the shader unfolds it."""
+    from tvm import relax
+
+    size = (65536 + 3) * 256
+    executable, report = vulkan.build_gpu(_tiny(lambda x: relax.op.nn.relu(x), [((size,), "float32")]), _target())
+    assert report.kernels[0].grid[0] > lavapipe["devices"][0]["max_workgroups_per_dimension"]
+    x = np.random.default_rng(4).standard_normal(size).astype(np.float32)
+    np.testing.assert_array_equal(_run_tiny(executable, tmp_path, x), np.maximum(x, 0))
+
+
+def test_profile_limits_reach_the_schedules():
+    """The profiles' Vulkan limits are what the GPU schedules size their thread blocks by."""
+    from tvm import relax
+
+    tiny = _tiny(lambda x: relax.op.nn.relu(x), [((1, 64, 56, 56), "float32")])
+    for profile in ("vulkan-generic", "mali-g610-vulkan"):
+        limit = get_profile(profile).target["max_num_threads"]
+        _exe, report = vulkan.build_gpu(tiny, _target(profile))
+        assert int(np.prod(report.kernels[0].block)) == limit, (profile, report.kernels[0].block)
+    assert get_profile("mali-g610-vulkan").target["max_shared_memory_per_block"] == 32768
+
+
+def test_functions_without_a_gpu_schedule_are_refused_by_name():
+    from tvm import relax
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def plain_loop(a: T.handle, b: T.handle):
+        A = T.match_buffer(a, (64,), "float32")
+        B = T.match_buffer(b, (64,), "float32")
+        for i in range(64):
+            B[i] = A[i] + T.float32(1)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64,), "float32"))
+    with bb.function("main", [x]):
+        gv = bb.add_func(plain_loop, "plain_loop")
+        with bb.dataflow():
+            y = bb.emit_output(relax.call_tir(gv, [x], relax.TensorType((64,), "float32")))
+        bb.emit_func_output(y)
+    module = SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("plain.onnx")))
+    with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
+        vulkan.build_gpu(module, _target())
+    assert "CPU" in err.value.message
+
+
+def test_64_bit_integers_are_refused_with_the_reason():
+    """WGSL has no 64-bit integers: TVM's webgpu code generator stops; edgepack says why and what to do."""
+    from tvm import relax
+
+    tiny = _tiny(lambda x, i: relax.op.take(x, i, axis=0), [((8, 4), "float32"), ((3,), "int64")], "take.onnx")
+    with pytest.raises(CompileError, match="64-bit integers") as err:
+        vulkan.build_gpu(tiny, _target())
+    assert "mali-g610" in err.value.hint and "int32" in err.value.hint
+
+
+def test_kernels_of_a_cpu_build_is_a_clear_error(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(EdgepackError):
+        vulkan.kernels(tmp_path)
+
+
+def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
+    monkeypatch.delenv("EDGEPACK_WGPU_NATIVE", raising=False)
+    with pytest.raises(EdgepackError, match="No wgpu-native library for aarch64-linux-android") as err:
+        vulkan.wgpu_native("aarch64-linux-android")
+    assert "EDGEPACK_WGPU_NATIVE" in err.value.hint and "cargo ndk" in err.value.hint
+    # a library for another architecture is refused by its ELF header
+    x86, arm = vulkan.wgpu_native("x86_64-linux-gnu").library, vulkan.wgpu_native("aarch64-linux-gnu").library
+    monkeypatch.setenv("EDGEPACK_WGPU_NATIVE", str(x86))
+    with pytest.raises(EdgepackError, match="not a shared library for aarch64-linux-android"):
+        vulkan.wgpu_native("aarch64-linux-android")
+    monkeypatch.setenv("EDGEPACK_WGPU_NATIVE", str(arm))
+    assert vulkan.wgpu_native("aarch64-linux-android").library == arm
+    assert vulkan.wgpu_native("x86_64-linux-gnu").library == x86  # Linux triples keep the pinned wheel's
+
+
+# ----------------------------------------------------------------------------------------------
+# real models, compiled for Vulkan profiles, validated on lavapipe
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "profile"), [
+    ("mobilenetv2", "vulkan-generic"),
+    ("ppocr_cls", "vulkan-generic"),
+    ("face_detection_short_range", "vulkan-generic"),
+    ("light_squeezenet", "mali-g610-vulkan"),
+])
+def test_real_models_on_vulkan_match_the_reference(lavapipe, vk_build, name, profile):
+    build = vk_build(name, profile)
+    manifest = read_manifest(build)
+    gpu = manifest.extra["vulkan"]
+    assert gpu["cpu_fallback"] == [] and gpu["num_kernels"] > 0 and gpu["language"] == "wgsl"
+    assert "none" not in gpu["schedules"]
+    assert {"vulkan_kernels", "vulkan_kernel_index"} <= set(manifest.artifacts)
+    # every shader stays within the profile's limits
+    limits = get_profile(profile).target
+    for k in vulkan.kernels(build):
+        assert int(np.prod(k.block)) <= limits["max_num_threads"], k.name
+        assert _workgroup_bytes(k.source) <= limits["max_shared_memory_per_block"], k.name
+    report = validate(build, "host-vulkan", seed=7)
+    assert report.passed, report
+    assert report.reference == ("litert" if name == "face_detection_short_range" else "onnxruntime")
+
+
+@pytest.mark.slow
+def test_cli_compile_validate_and_inspect_kernels(lavapipe, models, tmp_path):
+    out = tmp_path / "vk"
+    result = run_cli("compile", str(models["light_squeezenet"].path), "-p", "vulkan-generic", "-o", str(out),
+                     "--json", check=True)
+    assert json.loads(result.stdout)["extra"]["vulkan"]["cpu_fallback"] == []
+    report = json.loads(run_cli("validate", str(out), "--on", "host-vulkan", "--json", check=True).stdout)
+    assert report["passed"] and report["on"] == "host-vulkan"
+    assert json.loads(run_cli("validate", str(out), "--json", check=True).stdout)["passed"]  # --on host too
+
+    text = run_cli("inspect", str(out), "--kernels", check=True).stdout
+    flat = " ".join(text.split())
+    found = vulkan.kernels(out)
+    assert f"{len(found)} WGSL shader(s)" in flat
+    for k in found:
+        assert f"fn {k.name}(" in k.source and "@compute @workgroup_size(" in k.source
+        assert all(isinstance(v, int) and v >= 1 for v in (*k.grid, *k.block))
+        size = "x".join(map(str, k.block))
+        assert f"{k.name} dispatch {'x'.join(map(str, k.grid))} workgroup_size {size}" in flat
+        assert f"@workgroup_size({', '.join(map(str, k.block))})" in k.source  # what the shader was compiled with
+    listed = json.loads(run_cli("inspect", str(out), "--kernels", "--json", check=True).stdout)
+    assert [k["name"] for k in listed] == [k.name for k in found]
+    assert all("@compute" in k["source"] for k in listed)
+    lines = vulkan.summary_lines(read_manifest(out).extra["vulkan"])
+    assert any("CPU fallback: none" in line for line in lines) and "WGSL shaders" in lines[0]
+
+
+@pytest.mark.slow
+def test_host_vulkan_refuses_other_builds(lavapipe, models, build_cache):
+    build = build_cache(models["light_squeezenet"], "host")
+    with pytest.raises(EdgepackError, match="not for a Vulkan GPU"):
+        validate(build, "host-vulkan")
+
+
+@pytest.mark.slow
+def test_emulator_refuses_a_vulkan_build_with_the_alternatives(vk_build):
+    result = run_cli("validate", str(vk_build("ppocr_cls")), "--on", "emulator")
+    assert_clean_error(result, "is a Vulkan build", "--on host-vulkan")
+
+
+# ----------------------------------------------------------------------------------------------
+# negative controls: a broken shader must fail validation
+
+
+def _copy_with_patched_shader(build: Path, dest: Path, kernel: str, old: bytes, new: bytes) -> Path:
+    """Copy a build and edit one shader inside host/model.so (same length: the embedded module
+    keeps its layout)."""
+    assert len(old) == len(new)
+    shutil.copytree(build, dest)
+    library = dest / "host" / "model.so"
+    data = library.read_bytes()
+    start = data.index(f"fn {kernel}(".encode())
+    end = data.index(b"\n}\n", start)
+    at = data.index(old, start)
+    assert at < end, f"{old!r} not in {kernel}"
+    library.write_bytes(data[:at] + new + data[at + len(old):])
+    return dest
+
+
+def _a_conv_shader(build: Path, needle: str = "") -> str:
+    return next(k.name for k in vulkan.kernels(build) if k.name.startswith("fused_conv2d") and needle in k.source)
+
+
+@pytest.mark.slow
+def test_a_shader_that_does_not_compile_fails_with_wgpus_message(lavapipe, vk_build, tmp_path):
+    build = vk_build("ppocr_cls")
+    kernel = _a_conv_shader(build)
+    broken = _copy_with_patched_shader(build, tmp_path / "broken", kernel, b"let v__1 : i32", b"let v__1 : i33")
+    with pytest.raises(ValidationError) as err:
+        validate(broken, "host-vulkan")
+    message = err.value.message
+    assert f"WebGPU shader '{kernel}' failed to compile on {lavapipe['devices'][0]['name']}" in message
+    # naga's (wgpu's WGSL compiler) own diagnostic, pointing at the line
+    assert "parsing error" in message and "i33" in message and "wgsl:" in message
+    assert "device/kernels.wgsl" in err.value.hint
+
+    result = run_cli("validate", str(broken), "--on", "host-vulkan")
+    assert result.returncode == 1, result.stdout + result.stderr
+    flat = " ".join((result.stdout + result.stderr).split())
+    assert kernel in flat and "i33" in flat and "Traceback" not in flat
+
+
+@pytest.mark.slow
+def test_a_shader_that_computes_the_wrong_thing_fails_validation(lavapipe, vk_build, tmp_path):
+    build = vk_build("ppocr_cls")
+    kernel = _a_conv_shader(build, "= 0.000000e+00f;")
+    wrong = _copy_with_patched_shader(build, tmp_path / "wrong", kernel, b"= 0.000000e+00f;", b"= 1.000000e+00f;")
+    report = validate(wrong, "host-vulkan", seed=1)
+    assert not report.passed and report.outputs[0].mismatched > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# C programs and C bundles
+
+
+@pytest.mark.slow
+def test_c_api_runs_a_vulkan_model_with_the_plugin_next_to_it(lavapipe, vk_build, tmp_path):
+    """The C runner (no Python) on this machine: host/model.so + libtvm_vulkan.so + libwgpu_native.so
+    side by side, as in a C bundle's lib/, on lavapipe."""
+    from edgepack import native
+    from edgepack.bundle import run_c_runner
+
+    build = vk_build("mobilenetv2")
+    manifest = read_manifest(build)
+    runner = native.build_c_program(native.host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(build / "host" / "model.so", lib / "model.so")
+    shutil.copy(build / "device" / "model.meta", lib / "model.meta")
+    inputs = random_inputs(manifest.inputs, seed=11)
+    with pytest.raises(EdgepackError, match="libtvm_vulkan.so"):  # what is missing, by name
+        run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
+    plugin = vulkan.host_plugin()
+    shutil.copy(plugin.shared, lib / vulkan.PLUGIN_SHARED)
+    shutil.copy(plugin.wgpu, lib / vulkan.WGPU_LIBRARY)
+    result = run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    for spec, actual, want in zip(manifest.outputs, result.outputs, expected):
+        assert compare(spec.name, actual, want, 1e-4, 1e-3).passed
+
+
+@pytest.mark.slow
+def test_package_c_for_vulkan_carries_the_runtime_and_wgpu_for_aarch64(vk_build, tmp_path):
+    """The aarch64 bundle: runtime module + wgpu-native from the aarch64 wheel, all aarch64 ELF; its
+    runner loads them under qemu and, with no aarch64 Vulkan driver here, stops with the runtime's
+    clear 'no adapter' error (with one, it must compute the right thing)."""
+    from edgepack.bundle import package_c, run_c_runner
+
+    build = vk_build("ppocr_cls")
+    bundle = package_c(build, tmp_path / "dist")
+    names = {f.path for f in bundle.files}
+    assert {"lib/model.so", "lib/libtvm_vulkan.so", "lib/libtvm_vulkan.a", "lib/libwgpu_native.so",
+            "lib/libtvm_runtime.so", "lib/libtvm_ffi.so", "bin/edgepack_run", "include/edgepack.h"} <= names
+    assert {f.role for f in bundle.files if f.path.startswith("lib/lib")} == {"runtime"}
+    for rel in ("lib/model.so", "lib/libtvm_vulkan.so", "lib/libwgpu_native.so", "bin/edgepack_run"):
+        head = (bundle.output_dir / rel).read_bytes()[:20]
+        assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 0xB7, rel
+    wgpu_sha = json.loads((vulkan.wgpu_native("aarch64-linux-gnu").library.parent.parent / "manifest.json")
+                          .read_text())["library_sha256"]
+    assert next(f.sha256 for f in bundle.files if f.path == "lib/libwgpu_native.so") == wgpu_sha
+
+    if shutil.which("qemu-aarch64") is None:
+        pytest.skip("qemu-user is not installed")
+    manifest = read_manifest(build)
+    inputs = random_inputs(manifest.inputs, seed=2)
+    try:
+        result = run_c_runner(QEMU, bundle.runner, bundle.output_dir / "lib" / "model.so", inputs,
+                              manifest.inputs, manifest.outputs)
+    except EdgepackError as err:
+        assert "found no adapter for the Vulkan backend" in err.message, err.message
+    else:
+        expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+        assert compare("out", result.outputs[0], expected[0], 1e-4, 1e-3).passed
+
+
+@pytest.mark.slow
+def test_package_c_for_android_vulkan_says_what_is_missing(monkeypatch, vk_build, tmp_path):
+    """Without a user-supplied wgpu-native for Android, packaging stops before any build, naming the fix."""
+    build = tmp_path / "android"
+    shutil.copytree(vk_build("ppocr_cls"), build)
+    data = json.loads((build / "manifest.json").read_text())
+    data["profile"]["triple"] = "aarch64-linux-android"
+    (build / "manifest.json").write_text(json.dumps(data))
+    monkeypatch.delenv("EDGEPACK_WGPU_NATIVE", raising=False)
+    result = run_cli("package", "c", str(build), "-o", str(tmp_path / "out"))
+    assert_clean_error(result, "No wgpu-native library for aarch64-linux-android", "EDGEPACK_WGPU_NATIVE=")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,272 @@
+"""Write small TFLite flatbuffers for the tests (with the `tflite` schema package, no TensorFlow).
+
+``int8_convnet`` is a fully int8-quantized network the way the TFLite converter makes them
+(QUANTIZE at the input, per-channel int8 CONV_2D / DEPTHWISE_CONV_2D weights with int32 biases,
+an int8 ADD of two branches with different scales, RESHAPE, FULLY_CONNECTED, DEQUANTIZE at the
+output). LiteRT runs it as the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FLOAT32, INT32, INT8 = 0, 2, 9
+ADD, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE, FULLY_CONNECTED, RESHAPE, QUANTIZE = 0, 3, 4, 6, 9, 22, 114
+
+
+@dataclass
+class _Tensor:
+    name: str
+    shape: list[int]
+    dtype: int
+    data: bytes | None = None
+    scale: list[float] | None = None
+    zero_point: list[int] | None = None
+    qdim: int = 0
+
+
+@dataclass
+class _Op:
+    code: int
+    inputs: list[int]
+    outputs: list[int]
+    options: tuple | None = None  # (BuiltinOptions type, writer(builder) -> offset)
+
+
+@dataclass
+class TFLiteWriter:
+    tensors: list[_Tensor] = field(default_factory=list)
+    ops: list[_Op] = field(default_factory=list)
+
+    def tensor(self, name, shape, dtype, data=None, scale=None, zero_point=None, qdim=0) -> int:
+        raw = None if data is None else np.ascontiguousarray(data).tobytes()
+        self.tensors.append(_Tensor(name, list(shape), dtype, raw, scale, zero_point, qdim))
+        return len(self.tensors) - 1
+
+    def op(self, code, inputs, outputs, options=None) -> None:
+        self.ops.append(_Op(code, inputs, outputs, options))
+
+    def write(self, path: Path, inputs: list[int], outputs: list[int]) -> Path:
+        import flatbuffers
+        import tflite
+
+        b = flatbuffers.Builder(4096)
+
+        def ivec(start, values):
+            start(b, len(values))
+            for v in reversed(values):
+                b.PrependInt32(int(v))
+            return b.EndVector()
+
+        def offsets(start, items):
+            start(b, len(items))
+            for item in reversed(items):
+                b.PrependUOffsetTRelative(item)
+            return b.EndVector()
+
+        # buffers: 0 is the empty buffer; each constant tensor gets its own
+        buffers, buffer_of = [], {}
+        for i, t in enumerate(self.tensors):
+            if t.data is not None:
+                buffer_of[i] = len(buffers) + 1
+                data = b.CreateByteVector(t.data)
+                tflite.BufferStart(b)
+                tflite.BufferAddData(b, data)
+                buffers.append(tflite.BufferEnd(b))
+        tflite.BufferStart(b)
+        empty = tflite.BufferEnd(b)
+        buffers = [empty] + buffers
+
+        tensors = []
+        for i, t in enumerate(self.tensors):
+            name = b.CreateString(t.name)
+            shape = ivec(tflite.TensorStartShapeVector, t.shape)
+            quant = None
+            if t.scale is not None:
+                tflite.QuantizationParametersStartScaleVector(b, len(t.scale))
+                for v in reversed(t.scale):
+                    b.PrependFloat32(float(v))
+                scales = b.EndVector()
+                tflite.QuantizationParametersStartZeroPointVector(b, len(t.zero_point))
+                for v in reversed(t.zero_point):
+                    b.PrependInt64(int(v))
+                zps = b.EndVector()
+                tflite.QuantizationParametersStart(b)
+                tflite.QuantizationParametersAddScale(b, scales)
+                tflite.QuantizationParametersAddZeroPoint(b, zps)
+                tflite.QuantizationParametersAddQuantizedDimension(b, t.qdim)
+                quant = tflite.QuantizationParametersEnd(b)
+            tflite.TensorStart(b)
+            tflite.TensorAddShape(b, shape)
+            tflite.TensorAddType(b, t.dtype)
+            tflite.TensorAddBuffer(b, buffer_of.get(i, 0))
+            tflite.TensorAddName(b, name)
+            if quant is not None:
+                tflite.TensorAddQuantization(b, quant)
+            tensors.append(tflite.TensorEnd(b))
+
+        codes_used = sorted({op.code for op in self.ops})
+        op_codes = []
+        for code in codes_used:
+            tflite.OperatorCodeStart(b)
+            tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(code, 127))
+            tflite.OperatorCodeAddBuiltinCode(b, code)
+            tflite.OperatorCodeAddVersion(b, 1)
+            op_codes.append(tflite.OperatorCodeEnd(b))
+
+        operators = []
+        for op in self.ops:
+            opts = op.options[1](b) if op.options else None
+            ins = ivec(tflite.OperatorStartInputsVector, op.inputs)
+            outs = ivec(tflite.OperatorStartOutputsVector, op.outputs)
+            tflite.OperatorStart(b)
+            tflite.OperatorAddOpcodeIndex(b, codes_used.index(op.code))
+            tflite.OperatorAddInputs(b, ins)
+            tflite.OperatorAddOutputs(b, outs)
+            if opts is not None:
+                tflite.OperatorAddBuiltinOptionsType(b, op.options[0])
+                tflite.OperatorAddBuiltinOptions(b, opts)
+            operators.append(tflite.OperatorEnd(b))
+
+        t_vec = offsets(tflite.SubGraphStartTensorsVector, tensors)
+        o_vec = offsets(tflite.SubGraphStartOperatorsVector, operators)
+        sg_in = ivec(tflite.SubGraphStartInputsVector, inputs)
+        sg_out = ivec(tflite.SubGraphStartOutputsVector, outputs)
+        tflite.SubGraphStart(b)
+        tflite.SubGraphAddTensors(b, t_vec)
+        tflite.SubGraphAddInputs(b, sg_in)
+        tflite.SubGraphAddOutputs(b, sg_out)
+        tflite.SubGraphAddOperators(b, o_vec)
+        subgraph = tflite.SubGraphEnd(b)
+
+        codes_vec = offsets(tflite.ModelStartOperatorCodesVector, op_codes)
+        sg_vec = offsets(tflite.ModelStartSubgraphsVector, [subgraph])
+        buf_vec = offsets(tflite.ModelStartBuffersVector, buffers)
+        tflite.ModelStart(b)
+        tflite.ModelAddVersion(b, 3)
+        tflite.ModelAddOperatorCodes(b, codes_vec)
+        tflite.ModelAddSubgraphs(b, sg_vec)
+        tflite.ModelAddBuffers(b, buf_vec)
+        b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
+        path.write_bytes(b.Output())
+        return path
+
+
+def _conv_options(depthwise: bool, relu: bool):
+    import tflite
+
+    def write(b):
+        if depthwise:
+            tflite.DepthwiseConv2DOptionsStart(b)
+            tflite.DepthwiseConv2DOptionsAddPadding(b, tflite.Padding.SAME)
+            tflite.DepthwiseConv2DOptionsAddStrideW(b, 1)
+            tflite.DepthwiseConv2DOptionsAddStrideH(b, 1)
+            tflite.DepthwiseConv2DOptionsAddDepthMultiplier(b, 1)
+            tflite.DepthwiseConv2DOptionsAddDilationWFactor(b, 1)
+            tflite.DepthwiseConv2DOptionsAddDilationHFactor(b, 1)
+            tflite.DepthwiseConv2DOptionsAddFusedActivationFunction(b, 1 if relu else 0)
+            return tflite.DepthwiseConv2DOptionsEnd(b)
+        tflite.Conv2DOptionsStart(b)
+        tflite.Conv2DOptionsAddPadding(b, tflite.Padding.SAME)
+        tflite.Conv2DOptionsAddStrideW(b, 1)
+        tflite.Conv2DOptionsAddStrideH(b, 1)
+        tflite.Conv2DOptionsAddDilationWFactor(b, 1)
+        tflite.Conv2DOptionsAddDilationHFactor(b, 1)
+        tflite.Conv2DOptionsAddFusedActivationFunction(b, 1 if relu else 0)
+        return tflite.Conv2DOptionsEnd(b)
+
+    kind = tflite.BuiltinOptions.DepthwiseConv2DOptions if depthwise else tflite.BuiltinOptions.Conv2DOptions
+    return kind, write
+
+
+def _simple_options(name: str):
+    import tflite
+
+    start, end = getattr(tflite, f"{name}Start"), getattr(tflite, f"{name}End")
+
+    def write(b):
+        start(b)
+        return end(b)
+
+    return getattr(tflite.BuiltinOptions, name), write
+
+
+def _reshape_options(shape):
+    import tflite
+
+    def write(b):
+        tflite.ReshapeOptionsStartNewShapeVector(b, len(shape))
+        for v in reversed(shape):
+            b.PrependInt32(v)
+        vec = b.EndVector()
+        tflite.ReshapeOptionsStart(b)
+        tflite.ReshapeOptionsAddNewShape(b, vec)
+        return tflite.ReshapeOptionsEnd(b)
+
+    return tflite.BuiltinOptions.ReshapeOptions, write
+
+
+def _quantize(x: np.ndarray, scale, zp=0, axis=None) -> np.ndarray:
+    s = np.asarray(scale, dtype=np.float64)
+    if axis is not None:
+        s = s.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+    return np.clip(np.round(x / s) + zp, -128, 127).astype(np.int8)
+
+
+def int8_convnet(path: Path, seed: int = 0, hw: int = 8, channels: int = 8, classes: int = 10) -> Path:
+    """input f32 [1,hw,hw,3] -> QUANTIZE -> CONV_2D(relu) -> DEPTHWISE_CONV_2D -> ADD(conv, dw)
+    -> RESHAPE -> FULLY_CONNECTED -> DEQUANTIZE -> output f32 [1, classes]."""
+    rng = np.random.default_rng(seed)
+    w = TFLiteWriter()
+    in_scale, in_zp = 2 / 255, -1  # inputs in [-1, 1]
+    x = w.tensor("input", [1, hw, hw, 3], FLOAT32)
+    xq = w.tensor("input_q", [1, hw, hw, 3], INT8, scale=[in_scale], zero_point=[in_zp])
+    w.op(QUANTIZE, [x], [xq], _simple_options("QuantizeOptions"))
+
+    # conv 3x3, per-channel weights
+    cw = rng.normal(0, 0.3, (channels, 3, 3, 3))
+    cw_scale = np.abs(cw).reshape(channels, -1).max(axis=1) / 127
+    cb = rng.normal(0, 0.1, channels)
+    conv_w = w.tensor("conv_w", cw.shape, INT8, _quantize(cw, cw_scale, axis=0), list(cw_scale), [0] * channels, 0)
+    conv_b = w.tensor("conv_b", [channels], INT32, np.round(cb / (in_scale * cw_scale)).astype(np.int32),
+                      list(in_scale * cw_scale), [0] * channels)
+    conv_scale, conv_zp = 3.0 / 255, -128  # relu output in [0, 3]
+    conv = w.tensor("conv", [1, hw, hw, channels], INT8, scale=[conv_scale], zero_point=[conv_zp])
+    w.op(CONV_2D, [xq, conv_w, conv_b], [conv], _conv_options(False, relu=True))
+
+    # depthwise 3x3
+    dw = rng.normal(0, 0.4, (1, 3, 3, channels))
+    dw_scale = np.abs(dw).reshape(-1, channels).max(axis=0) / 127
+    db = rng.normal(0, 0.1, channels)
+    dw_w = w.tensor("dw_w", dw.shape, INT8, _quantize(dw, dw_scale, axis=3), list(dw_scale), [0] * channels, 3)
+    dw_b = w.tensor("dw_b", [channels], INT32, np.round(db / (conv_scale * dw_scale)).astype(np.int32),
+                    list(conv_scale * dw_scale), [0] * channels)
+    dw_out_scale, dw_zp = 6.0 / 255, 0
+    dwo = w.tensor("dw", [1, hw, hw, channels], INT8, scale=[dw_out_scale], zero_point=[dw_zp])
+    w.op(DEPTHWISE_CONV_2D, [conv, dw_w, dw_b], [dwo], _conv_options(True, relu=False))
+
+    # add the two branches (different scales: the ADD rescales both)
+    add_scale, add_zp = 8.0 / 255, -20
+    added = w.tensor("add", [1, hw, hw, channels], INT8, scale=[add_scale], zero_point=[add_zp])
+    w.op(ADD, [conv, dwo], [added], _simple_options("AddOptions"))
+
+    flat = hw * hw * channels
+    shape_t = w.tensor("shape", [2], INT32, np.array([1, flat], dtype=np.int32))
+    flat_t = w.tensor("flat", [1, flat], INT8, scale=[add_scale], zero_point=[add_zp])
+    w.op(RESHAPE, [added, shape_t], [flat_t], _reshape_options([1, flat]))
+
+    fw = rng.normal(0, 0.05, (classes, flat))
+    fw_scale = float(np.abs(fw).max() / 127)
+    fb = rng.normal(0, 0.1, classes)
+    fc_w = w.tensor("fc_w", fw.shape, INT8, _quantize(fw, fw_scale), [fw_scale], [0])
+    fc_b = w.tensor("fc_b", [classes], INT32, np.round(fb / (add_scale * fw_scale)).astype(np.int32),
+                    [add_scale * fw_scale], [0])
+    fc_scale, fc_zp = 16.0 / 255, 0
+    fc = w.tensor("logits_q", [1, classes], INT8, scale=[fc_scale], zero_point=[fc_zp])
+    w.op(FULLY_CONNECTED, [flat_t, fc_w, fc_b], [fc], _simple_options("FullyConnectedOptions"))
+    out = w.tensor("logits", [1, classes], FLOAT32)
+    w.op(DEQUANTIZE, [fc], [out], _simple_options("DequantizeOptions"))
+    return w.write(path, [x], [out])
