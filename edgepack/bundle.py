@@ -133,12 +133,14 @@ def package_c(
             say("Building the static model library (system library)")
             imported = import_model(build_dir / manifest.model_file,
                                     {t.name: tuple(t.shape) for t in manifest.inputs})
+            tuned = _build_tuning(build_dir, imported, profile, say)
             if profile.backend == "opencl":  # host code + the OpenCL kernels (devc.o) in the system library
                 from edgepack import opencl
 
-                system_exe, _report = opencl.build_gpu(imported, profile.tvm_target(), system_lib=True)
+                system_exe, _report = opencl.build_gpu(imported, profile.tvm_target(), system_lib=True,
+                                                       relax_pipeline=tuned)
             else:
-                system_exe = compiler.build(imported, profile.tvm_target(), system_lib=True)
+                system_exe = compiler.build(imported, profile.tvm_target(), system_lib=True, relax_pipeline=tuned)
             static_lib = native.export_model_static(system_exe, Path(tmp) / "libmodel.a", compilers.cc,
                                                     meta_text=meta)
 
@@ -165,6 +167,20 @@ def package_c(
                          manifest.outputs, files)
         (staging / BUNDLE_MANIFEST).write_text(json.dumps(bundle.to_dict(), indent=2) + "\n")
     return bundle
+
+
+def _build_tuning(build_dir: Path, imported, profile: Profile, say: Progress):
+    """The pipeline applying a tuned build's records (kept in the build), so the static library
+    has the same kernels as the shared one; None for an untuned build."""
+    from edgepack.compiler import BUILD_TUNING
+
+    records = build_dir / BUILD_TUNING
+    if not records.is_dir():
+        return None
+    from edgepack.tuning import apply_tuning
+
+    say("Applying the build's tuning records")
+    return apply_tuning(imported, profile.tvm_target(), records).relax_pipeline
 
 
 def _describe(root: Path, path: Path) -> BundleFile:

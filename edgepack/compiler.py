@@ -8,6 +8,7 @@ A build directory holds::
                          with its tensor metadata embedded (the C API reads it)
     device/model.meta    that metadata as text
     host/model.so        the same model built for this machine, used by host validation
+    tuning/              with --tuning: the best records applied (``package c`` rebuilds with them)
 
 The directory is written atomically: a temp directory that is renamed only when complete.
 """
@@ -31,6 +32,7 @@ from edgepack.toolchain import Compilers, find_compilers
 DEVICE_LIBRARY = "device/model.so"
 DEVICE_META = "device/model.meta"
 HOST_LIBRARY = "host/model.so"
+BUILD_TUNING = "tuning"  # the best records a tuned build was made with (later rebuilds reuse them)
 HOST_TARGET = {"kind": "llvm"}
 
 Progress = Callable[[str], None]
@@ -120,6 +122,10 @@ def compile_model(
 
         model_copy = f"model.{imported.info.format}"
         shutil.copyfile(model, staging / model_copy)
+        if tuned is not None:
+            from edgepack.tuning import write_best_records
+
+            write_best_records(tuning, staging / BUILD_TUNING)
         manifest = BuildManifest(
             model_file=model_copy,
             model_format=imported.info.format,

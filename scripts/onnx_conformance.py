@@ -49,6 +49,9 @@ VISION_OPS = {
     "LRN", "MeanVarianceNormalization", "RMSNormalization", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu",
     "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Tanh", "Mish", "Gelu",
     "ThresholdedRelu", "Softmax", "LogSoftmax", "Hardmax", "Clip", "Gemm", "Resize", "Upsample",
+    # convolution / GEMM variants and the rest of the family
+    "ConvInteger", "QLinearConv", "DeformConv", "MaxUnpool", "LpNormalization", "Swish", "MatMul", "MatMulInteger",
+    "QLinearMatMul",
 }
 
 
@@ -480,6 +483,14 @@ def write_markdown(path: Path, results: list[CaseResult], summary: dict, seconds
         (f"- {summary['pass_with_frozen_parameters']} of the passes feed parameter inputs (axes, sizes/scales,"
          " pads, k, split sizes, ...) as constants, as deployable models carry them (see PARAMETER_INPUTS in the"
          " script); the rest pass with every input given at run time"),
+        "",
+        "Notes on what the numbers mean:",
+        "- Sub-byte types (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) cross the compiled model's boundary in 8-bit",
+        "  containers, one value per byte (`edgepack.onnx_ops.to_container` / `from_container`): TVM tensors",
+        "  must be whole bytes. The comparison is on the values.",
+        "- Out of reach by design: string tensors (TVM has no string type), ImageDecoder, sequence/optional",
+        "  values as model inputs, and random operators (Bernoulli, Dropout in training mode), whose outputs",
+        "  cannot match a recorded sample.",
         "",
         "| operator | cases | pass | mismatch | error | crash | timeout |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
 
@@ -228,7 +229,9 @@ def _distinct_schedules(directory: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     """Ctrl-C, then SIGKILL, then resume: every finished measurement is kept, none is redone."""
+    from edgepack.bundle import package_c, run_bundle
     from edgepack.compiler import compile_model
+    from edgepack.reference import run_reference
     from edgepack.validation import validate
 
     model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
@@ -286,6 +289,16 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     assert build.manifest.tuning == str(out.resolve())
     report = validate(build.output_dir, "host")
     assert report.passed, report.to_dict()
+
+    # the build keeps its best records, so the C bundle's static library gets the same tuned kernels
+    assert load_tuning(build.output_dir / "tuning").tuned_tasks == 2
+    said: list[str] = []
+    bundle = package_c(build.output_dir, tmp_path / "bundle", progress=said.append)
+    assert "Applying the build's tuning records" in said
+    inputs = {"x": np.random.default_rng(1).standard_normal((1, 3, 48, 192), dtype=np.float32)}
+    actual = run_bundle(bundle.output_dir, inputs, emulate=False, static=True).outputs[0]
+    expected = run_reference(model.path, "onnx", inputs, bundle.outputs)[0]
+    np.testing.assert_allclose(actual, expected, rtol=1e-3, atol=1e-4)
 
     # the records fit only this model: another one is refused before any build
     with pytest.raises(TuningMismatchError, match="another model"):

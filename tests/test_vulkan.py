@@ -225,6 +225,23 @@ def test_dynamic_shapes_pass_scalar_arguments_in_the_uniform(lavapipe, tmp_path)
         np.testing.assert_allclose(_run_tiny(executable, tmp_path, x), x + x, rtol=1e-6)
 
 
+def test_float16_runs_when_the_driver_has_shader_f16(lavapipe, tmp_path):
+    """TVM's WGSL for float16 starts with "enable f16;"; the device is created with ShaderF16 when the
+    driver has it (lavapipe does)."""
+    from tvm import relax
+
+    if not lavapipe["devices"][0]["shader_f16"]:
+        pytest.skip("this Vulkan driver has no shaderFloat16")
+    executable, report = vulkan.build_gpu(
+        _tiny(lambda x: relax.op.nn.softmax(relax.op.add(x, x)), [((64, 64), "float16")]), _target())
+    assert all("enable f16;" in k.source for k in report.kernels)
+    x = np.random.default_rng(5).random((64, 64)).astype(np.float16)
+    out = _run_tiny(executable, tmp_path, x)
+    e = np.exp((x + x).astype(np.float32))
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float32), e / e.sum(axis=1, keepdims=True), atol=2e-4)
+
+
 def test_grids_beyond_the_dispatch_limit_are_folded(lavapipe, tmp_path):
     """More than 65535 workgroups along x: the runtime folds the grid into z, the shader unfolds it."""
     from tvm import relax

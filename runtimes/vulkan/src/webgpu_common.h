@@ -42,6 +42,7 @@ struct DeviceEntry {
   WGPUQueue queue = nullptr;
   std::string name, vendor, architecture, description, backend, adapter_type;
   uint32_t vendor_id = 0, device_id = 0;
+  bool shader_f16 = false;  // the device was created with WGSL's f16 (float16 models)
   WGPULimits limits = WGPU_LIMITS_INIT;
 };
 

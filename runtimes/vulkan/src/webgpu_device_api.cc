@@ -212,6 +212,14 @@ bool WebGPUWorkspace::Init(std::string* why) {
     std::string label = "edgepack";
     ddesc.label = wgpu::View(label);
     ddesc.requiredLimits = &limits;
+    // TVM's WGSL for float16 models starts with "enable f16;": ask for it when the driver has it
+    std::vector<WGPUFeatureName> features;
+    if (api->wgpuAdapterHasFeature(entry_.adapter, WGPUFeatureName_ShaderF16)) {
+      features.push_back(WGPUFeatureName_ShaderF16);
+      entry_.shader_f16 = true;
+    }
+    ddesc.requiredFeatureCount = features.size();
+    ddesc.requiredFeatures = features.data();
     ddesc.uncapturedErrorCallbackInfo.callback = [](WGPUDevice const*, WGPUErrorType,
                                                     WGPUStringView message, void* self, void*) {
       static_cast<WebGPUWorkspace*>(self)->RecordError(wgpu::Str(message));

@@ -412,7 +412,8 @@ std::string RuntimeInfo() {
        << ", \"max_workgroups_per_dimension\": " << l.maxComputeWorkgroupsPerDimension
        << ", \"max_storage_buffers_per_stage\": " << l.maxStorageBuffersPerShaderStage
        << ", \"max_storage_binding_size\": " << l.maxStorageBufferBindingSize
-       << ", \"max_buffer_size\": " << l.maxBufferSize << "}";
+       << ", \"max_buffer_size\": " << l.maxBufferSize
+       << ", \"shader_f16\": " << (e.shader_f16 ? "true" : "false") << "}";
   }
   os << "]}";
   return os.str();

@@ -32,6 +32,7 @@ namespace wgpu {
   X(wgpuAdapterGetInfo)                                                              \
   X(wgpuAdapterInfoFreeMembers)                                                      \
   X(wgpuAdapterGetLimits)                                                            \
+  X(wgpuAdapterHasFeature)                                                           \
   X(wgpuAdapterRequestDevice)                                                        \
   X(wgpuAdapterRelease)                                                              \
   X(wgpuDeviceGetQueue)                                                              \
