@@ -69,7 +69,10 @@ def profiles_table(profiles) -> None:
     table.add_column("triple", no_wrap=True)
     table.add_column("cpu / gpu", no_wrap=True)
     table.add_column("status", no_wrap=True)
-    table.add_column("description")
+    # on a narrow terminal the descriptions go under the table instead of wrapping a word per line
+    wide = console.width >= 140
+    if wide:
+        table.add_column("description")
     notes = []
     for p in profiles:
         status = "[green]supported[/]"
@@ -77,8 +80,11 @@ def profiles_table(profiles) -> None:
             notes.append(f"[yellow]{p.name}[/]: {p.status_note or p.status}")
             status = f"[yellow]{p.status}[/]"
         chip = p.target.get("mcpu") or p.target.get("device") or ("generic" if p.target["kind"] == "llvm" else p.target["kind"])
-        table.add_row(p.name, p.backend, p.triple, chip, status, p.description)
+        table.add_row(p.name, p.backend, p.triple, chip, status, *([p.description] if wide else []))
     console.print(table)
+    if not wide:
+        for p in profiles:
+            console.print(f"[bold]{p.name}[/]: {p.description}", highlight=False)
     for note in notes:
         console.print(note, highlight=False)
 
