@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from edgepack import gpu_plugins
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, ValidationError
 from edgepack.fileutil import file_lock, file_sha256
 from edgepack.paths import cache_root
@@ -51,7 +52,7 @@ PLUGIN_SHARED = "libtvm_opencl.so"
 PLUGIN_STATIC = "libtvm_opencl.a"
 KERNELS_SOURCE = "device/kernels.cl"
 KERNELS_INDEX = "device/kernels.json"
-_HOST_TRIPLE = "x86_64-linux-gnu"
+_HOST_TRIPLE = gpu_plugins.HOST_TRIPLE
 _KERNEL_MARKER = "// Function: "
 _PLUGIN_VERSION = "0.1.0"
 
@@ -535,24 +536,7 @@ class OpenCLPlugin:
     runtime_origin: str  # the TVM runtime it was linked against
 
 
-def plugin_source_dir() -> Path:
-    from edgepack import native
-
-    return native.runtimes_dir() / "opencl"
-
-
-def _plugin_sources_digest() -> str:
-    root = plugin_source_dir()
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".h", ".cc", ".txt")
-                       and "tests" not in p.relative_to(root).parts):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    # the headers shared with the Vulkan runtime (runtimes/gpu-common) are part of the build too
-    for path in sorted((root.parent / "gpu-common").rglob("*.h")):
-        h.update(str(path.relative_to(root.parent)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+_RECIPE = gpu_plugins.PluginRecipe("opencl", "OpenCL", PLUGIN_SHARED, _PLUGIN_VERSION)
 
 
 def _plugin_from_dir(root: Path) -> OpenCLPlugin:
@@ -574,75 +558,15 @@ def build_plugin(
 ) -> OpenCLPlugin:
     """Build ``runtimes/opencl`` for ``triple`` with ``cxx``, linked against ``runtime`` (a
     ``native.TargetRuntime``); cached by (TVM version, triple, compiler, flags, sources, runtime)."""
-    from edgepack import native
-
-    cmake = native._require_tool("cmake")
-    native._require_tool(cxx, triple)
-    tvm_dir, ffi_dir = native.tvm_source_dirs()
-    shared = {p.name: p for p in runtime.shared_libs}
-    if "libtvm_runtime.so" not in shared or "libtvm_ffi.so" not in shared:
-        raise ToolchainError(f"The {triple} TVM runtime in {runtime.root} has no shared libraries to link against.")
-    key_data = {
-        "tvm": native.TVM_VERSION, "ffi": native.TVM_FFI_VERSION, "triple": triple, "flags": list(flags),
-        "cxx": native._compiler_identity(cxx), "sources": _plugin_sources_digest(),
-        "runtime": {name: file_sha256(path) for name, path in sorted(shared.items())},
-    }
-    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:12]
-    base = Path(cache_dir if cache_dir is not None else cache_root()) / "opencl" / native.TVM_VERSION
-    root = base / f"{triple}-{key}"
-    if (root / "manifest.json").is_file():
-        return _plugin_from_dir(root)
-    with file_lock(base / f".{root.name}.lock"):
-        if (root / "manifest.json").is_file():
-            return _plugin_from_dir(root)
-        if log:
-            log(f"Building edgepack's OpenCL runtime for {triple} (about a minute)")
-        started = time.perf_counter()
-        with native._staging(root) as tmp, tempfile.TemporaryDirectory(prefix="edgepack-opencl-") as work:
-            build, log_file = Path(work) / "build", Path(work) / "build.log"
-            flag_str = " ".join(flags)
-            configure = [
-                cmake, "-S", plugin_source_dir(), "-B", build,
-                f"-DTVM_SOURCE_DIR={tvm_dir}", f"-DTVM_FFI_SOURCE_DIR={ffi_dir}",
-                f"-DTVM_RUNTIME_LIBRARY={shared['libtvm_runtime.so']}", f"-DTVM_FFI_LIBRARY={shared['libtvm_ffi.so']}",
-                f"-DCMAKE_CXX_COMPILER={cxx}", f"-DCMAKE_CXX_FLAGS={flag_str}", "-DCMAKE_BUILD_TYPE=Release",
-                f"-DEDGEPACK_OPENCL_VERSION={_PLUGIN_VERSION}", f"-DCMAKE_INSTALL_PREFIX={tmp}",
-            ]
-            if triple != _HOST_TRIPLE:
-                configure += ["-DCMAKE_SYSTEM_NAME=Linux", f"-DCMAKE_SYSTEM_PROCESSOR={triple.split('-')[0]}"]
-            jobs = str(min(2, os.cpu_count() or 1))
-            for step in (configure, [cmake, "--build", build, "-j", jobs], [cmake, "--install", build]):
-                result = native._run(step, log=None, log_file=log_file)
-                if result.returncode != 0:
-                    raise ToolchainError(
-                        f"Building edgepack's OpenCL runtime for {triple} with {Path(cxx).name} failed.",
-                        "The last lines of the build log:\n" + native._tail(result.stdout + result.stderr),
-                    )
-            (tmp / "lib" / PLUGIN_SHARED).chmod(0o755)
-            data = {
-                "triple": triple, "key": key, "created": time.time(), "runtime_origin": runtime.origin,
-                "build_seconds": round(time.perf_counter() - started, 1), "plugin_version": _PLUGIN_VERSION,
-                "libs": {p.name: {"sha256": file_sha256(p), "size": p.stat().st_size}
-                         for p in sorted((tmp / "lib").iterdir()) if p.is_file()},
-                **{k: key_data[k] for k in ("tvm", "ffi", "flags", "cxx")},
-            }
-            (tmp / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return _plugin_from_dir(root)
-
-
-def _host_cxx() -> tuple[str, str]:
-    for cc, cxx in (("gcc", "g++"), ("cc", "c++"), ("clang", "clang++")):
-        if shutil.which(cxx):
-            return cc, cxx
-    raise ToolchainError("No C++ compiler found to build edgepack's OpenCL runtime for this machine.",
-                         "Install one: `apt-get install g++ cmake`.")
+    return _plugin_from_dir(gpu_plugins.build(_RECIPE, triple, cxx, runtime, flags=flags, cache_dir=cache_dir,
+                                              log=log))
 
 
 def host_plugin(*, cache_dir: Path | None = None, log: Log | None = None) -> OpenCLPlugin:
     """The plug-in for this machine, linked against the installed wheels' runtime."""
     from edgepack import native
 
-    cc, cxx = _host_cxx()
+    cc, cxx = gpu_plugins.host_compilers()
     return build_plugin(_HOST_TRIPLE, cc, cxx, native.host_runtime(), cache_dir=cache_dir, log=log)
 
 
@@ -684,7 +608,7 @@ def host_rpc_server_program(*, cache_dir: Path | None = None, log: Log | None = 
     plugin = host_plugin(cache_dir=cache_dir, log=log)
     runtime = native.host_runtime()
     source = native.runtimes_dir() / "rpc-server" / "edgepack_rpc_server.c"
-    cc, _cxx = _host_cxx()
+    cc, _cxx = gpu_plugins.host_compilers()
     key_data = {"source": file_sha256(source), "plugin": file_sha256(plugin.shared), "cc": native._compiler_identity(cc),
                 "runtime": {p.name: file_sha256(p) for p in runtime.shared_libs}}
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:12]

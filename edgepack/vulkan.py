@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
-import time
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from edgepack import gpu_plugins
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, ValidationError
 from edgepack.fileutil import file_lock, file_sha256
 from edgepack.paths import cache_root
@@ -55,7 +53,7 @@ KERNELS_SOURCE = "device/kernels.wgsl"
 KERNELS_INDEX = "device/kernels.json"
 EXTRA_KEY = "vulkan"  # manifest.extra[EXTRA_KEY]: the GPU report
 DEVICE_TYPE = 15  # kDLWebGPU: what TVM's webgpu host code allocates on
-_HOST_TRIPLE = "x86_64-linux-gnu"
+_HOST_TRIPLE = gpu_plugins.HOST_TRIPLE
 _PLUGIN_VERSION = "0.1.0"
 
 #: The PyPI ``wgpu`` release whose wgpu-native (C library + webgpu.h/wgpu.h) edgepack builds against.
@@ -359,20 +357,7 @@ class VulkanPlugin:
     runtime_origin: str
 
 
-def plugin_source_dirs() -> tuple[Path, Path]:
-    from edgepack import native
-
-    return native.runtimes_dir() / "vulkan", native.runtimes_dir() / "gpu-common"
-
-
-def _sources_digest() -> str:
-    h = hashlib.sha256()
-    for root in plugin_source_dirs():
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".h", ".cc", ".txt")
-                           and "tests" not in p.relative_to(root).parts):
-            h.update(f"{root.name}/{path.relative_to(root)}".encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
+_RECIPE = gpu_plugins.PluginRecipe("vulkan", "Vulkan", PLUGIN_SHARED, _PLUGIN_VERSION)
 
 
 def _plugin_from_dir(root: Path) -> VulkanPlugin:
@@ -388,70 +373,23 @@ def build_plugin(triple: str, cc: str, cxx: str, runtime, *, flags: Sequence[str
     and put the triple's ``libwgpu_native.so`` beside it; cached by everything that goes in."""
     from edgepack import native
 
-    cmake = native._require_tool("cmake")
-    native._require_tool(cxx, triple)
     wgpu = wgpu_native(triple, cache_dir=cache_dir, log=log)
-    tvm_dir, ffi_dir = native.tvm_source_dirs()
-    shared = {p.name: p for p in runtime.shared_libs}
-    if "libtvm_runtime.so" not in shared or "libtvm_ffi.so" not in shared:
-        raise ToolchainError(f"The {triple} TVM runtime in {runtime.root} has no shared libraries to link against.")
-    key_data = {
-        "tvm": native.TVM_VERSION, "ffi": native.TVM_FFI_VERSION, "triple": triple, "flags": list(flags),
-        "cxx": native._compiler_identity(cxx), "sources": _sources_digest(), "wgpu": file_sha256(wgpu.library),
-        "runtime": {name: file_sha256(path) for name, path in sorted(shared.items())},
-    }
-    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:12]
-    base = Path(cache_dir if cache_dir is not None else cache_root()) / "vulkan" / native.TVM_VERSION
-    root = base / f"{triple}-{key}"
-    if (root / "manifest.json").is_file():
-        return _plugin_from_dir(root)
-    with file_lock(base / f".{root.name}.lock"):
-        if (root / "manifest.json").is_file():
-            return _plugin_from_dir(root)
-        if log:
-            log(f"Building edgepack's Vulkan runtime for {triple} (about a minute)")
-        started = time.perf_counter()
-        source_dir, common_dir = plugin_source_dirs()
-        with native._staging(root) as tmp, tempfile.TemporaryDirectory(prefix="edgepack-vulkan-") as work:
-            build, log_file = Path(work) / "build", Path(work) / "build.log"
-            configure = [
-                cmake, "-S", source_dir, "-B", build,
-                f"-DTVM_SOURCE_DIR={tvm_dir}", f"-DTVM_FFI_SOURCE_DIR={ffi_dir}",
-                f"-DTVM_RUNTIME_LIBRARY={shared['libtvm_runtime.so']}", f"-DTVM_FFI_LIBRARY={shared['libtvm_ffi.so']}",
-                f"-DWGPU_INCLUDE_DIR={wgpu.include_dir}", f"-DEDGEPACK_GPU_COMMON_DIR={common_dir / 'include'}",
-                f"-DCMAKE_CXX_COMPILER={cxx}", f"-DCMAKE_CXX_FLAGS={' '.join(flags)}", "-DCMAKE_BUILD_TYPE=Release",
-                f"-DEDGEPACK_VULKAN_VERSION={_PLUGIN_VERSION}", f"-DCMAKE_INSTALL_PREFIX={tmp}",
-            ]
-            if triple != _HOST_TRIPLE:
-                configure += ["-DCMAKE_SYSTEM_NAME=Linux", f"-DCMAKE_SYSTEM_PROCESSOR={triple.split('-')[0]}"]
-            jobs = str(min(2, os.cpu_count() or 1))
-            for step in (configure, [cmake, "--build", build, "-j", jobs], [cmake, "--install", build]):
-                result = native._run(step, log=None, log_file=log_file)
-                if result.returncode != 0:
-                    raise ToolchainError(
-                        f"Building edgepack's Vulkan runtime for {triple} with {Path(cxx).name} failed.",
-                        "The last lines of the build log:\n" + native._tail(result.stdout + result.stderr),
-                    )
-            (tmp / "lib" / PLUGIN_SHARED).chmod(0o755)
-            shutil.copy2(wgpu.library, tmp / "lib" / WGPU_LIBRARY)  # the plug-in loads it from its own directory
-            data = {
-                "triple": triple, "key": key, "created": time.time(), "runtime_origin": runtime.origin,
-                "wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION,
-                "build_seconds": round(time.perf_counter() - started, 1), "plugin_version": _PLUGIN_VERSION,
-                "libs": {p.name: {"sha256": file_sha256(p), "size": p.stat().st_size}
-                         for p in sorted((tmp / "lib").iterdir()) if p.is_file()},
-                **{k: key_data[k] for k in ("tvm", "ffi", "flags", "cxx")},
-            }
-            (tmp / "manifest.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    root = gpu_plugins.build(
+        _RECIPE, triple, cxx, runtime, flags=flags, cache_dir=cache_dir, log=log,
+        defines=[f"-DWGPU_INCLUDE_DIR={wgpu.include_dir}",
+                 f"-DEDGEPACK_GPU_COMMON_DIR={native.runtimes_dir() / 'gpu-common' / 'include'}"],
+        key_extra={"wgpu": file_sha256(wgpu.library)},
+        beside={WGPU_LIBRARY: wgpu.library},  # the plug-in loads it from its own directory
+        manifest_extra={"wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION},
+    )
     return _plugin_from_dir(root)
 
 
 def host_plugin(*, cache_dir: Path | None = None, log: Log | None = None) -> VulkanPlugin:
     """The plug-in for this machine, linked against the installed wheels' runtime."""
     from edgepack import native
-    from edgepack.opencl import _host_cxx
 
-    cc, cxx = _host_cxx()
+    cc, cxx = gpu_plugins.host_compilers()
     return build_plugin(_HOST_TRIPLE, cc, cxx, native.host_runtime(), cache_dir=cache_dir, log=log)
 
 
