@@ -813,10 +813,8 @@ def run_on_host_opencl(build_dir: Path, manifest, inputs: dict[str, np.ndarray])
     """A BuildRunner: ``host/model.so`` (x86 host code + the build's OpenCL kernels) on
     ``tvm.opencl(0)`` through TVM's Relax VM, with edgepack's OpenCL runtime."""
     import tvm
-    from tvm import relax
 
-    from edgepack.reference import quiet_native_stderr
-    from edgepack.validation import flatten_outputs
+    from edgepack.validation import run_host_library
 
     if manifest.profile.get("backend") != "opencl":
         raise EdgepackError(
@@ -825,15 +823,9 @@ def run_on_host_opencl(build_dir: Path, manifest, inputs: dict[str, np.ndarray])
             "Validate it with --on host, or compile for mali-g610 / adreno-6xx.",
         )
     require_device()
-    library = build_dir / manifest.artifacts["host_library"].path
     device = tvm.opencl(0)
     try:
-        with quiet_native_stderr():
-            executable = tvm.runtime.load_module(str(library))
-        vm = relax.VirtualMachine(executable, device)
-        args = [tvm.runtime.tensor(inputs[spec.name], device=device) for spec in manifest.inputs]
-        result = vm["main"](*args)
-        outputs = flatten_outputs(result)  # .numpy() waits for the device
+        return run_host_library(build_dir, manifest, inputs, device)
     except EdgepackError:
         raise
     except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
@@ -847,4 +839,3 @@ def run_on_host_opencl(build_dir: Path, manifest, inputs: dict[str, np.ndarray])
             ) from exc
         raise ValidationError(f"Running {build_dir} through OpenCL on {device.device_name} failed: {text}",
                               "Run with EDGEPACK_OPENCL_SYNC=1 to find the failing kernel.") from exc
-    return outputs

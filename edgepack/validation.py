@@ -207,9 +207,8 @@ def runner_for(on: str, inventory: Path | str | None = None) -> BuildRunner:
 
 
 def run_on_host(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run the host build of the model in TVM's Relax VM (GPU builds: on this machine's OpenCL)."""
+    """Run the host build of the model in TVM's Relax VM (GPU builds: on this machine's OpenCL/Vulkan)."""
     import tvm
-    from tvm import relax
 
     if manifest.profile.get("backend") == "opencl":
         from edgepack.opencl import run_on_host_opencl
@@ -219,13 +218,21 @@ def run_on_host(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.n
         from edgepack.vulkan import run_on_host_vulkan
 
         return run_on_host_vulkan(build_dir, manifest, inputs)
+    return run_host_library(build_dir, manifest, inputs, tvm.cpu())
+
+
+def run_host_library(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray],
+                     device) -> list[np.ndarray]:
+    """The build's ``host/model.so`` in TVM's Relax VM on ``device``, inputs copied there."""
+    import tvm
+    from tvm import relax
+
     library = build_dir / manifest.artifacts["host_library"].path
     with quiet_native_stderr():
         executable = tvm.runtime.load_module(str(library))
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    args = [tvm.runtime.tensor(inputs[spec.name]) for spec in manifest.inputs]
-    result = vm["main"](*args)
-    return flatten_outputs(result)
+    vm = relax.VirtualMachine(executable, device)
+    args = [tvm.runtime.tensor(inputs[spec.name], device=device) for spec in manifest.inputs]
+    return flatten_outputs(vm["main"](*args))  # .numpy() waits for the device
 
 
 def flatten_outputs(result) -> list[np.ndarray]:

@@ -502,10 +502,8 @@ def run_on_host_vulkan(build_dir: Path, manifest, inputs: dict[str, np.ndarray])
     """A BuildRunner: ``host/model.so`` (x86 host code + the build's WGSL) on ``webgpu(0)`` (wgpu-native
     on this machine's Vulkan driver) through TVM's Relax VM, with edgepack's Vulkan runtime."""
     import tvm
-    from tvm import relax
 
-    from edgepack.reference import quiet_native_stderr
-    from edgepack.validation import flatten_outputs
+    from edgepack.validation import run_host_library
 
     if manifest.profile.get("backend") != "vulkan":
         raise EdgepackError(
@@ -515,15 +513,9 @@ def run_on_host_vulkan(build_dir: Path, manifest, inputs: dict[str, np.ndarray])
             "vulkan-generic / mali-g610-vulkan.",
         )
     info = require_device()
-    library = build_dir / manifest.artifacts["host_library"].path
     device = tvm.device("webgpu", 0)
     try:
-        with quiet_native_stderr():
-            executable = tvm.runtime.load_module(str(library))
-        vm = relax.VirtualMachine(executable, device)
-        args = [tvm.runtime.tensor(inputs[spec.name], device=device) for spec in manifest.inputs]
-        result = vm["main"](*args)
-        outputs = flatten_outputs(result)  # .numpy() waits for the device
+        return run_host_library(build_dir, manifest, inputs, device)
     except EdgepackError:
         raise
     except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
@@ -538,4 +530,3 @@ def run_on_host_vulkan(build_dir: Path, manifest, inputs: dict[str, np.ndarray])
             ) from exc
         raise ValidationError(f"Running {build_dir} through Vulkan (wgpu-native) on {where} failed: {text}",
                               "Run with EDGEPACK_WGPU_SYNC=1 to find the failing shader.") from exc
-    return outputs
