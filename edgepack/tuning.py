@@ -828,7 +828,8 @@ class _TaskPlan:
     left: int  # trials this task may still get in this run
     best: float | None
     cap: int | None
-    known: dict[int, list[float] | None] = field(default_factory=dict)  # schedule hash -> run_secs
+    known: dict[int, list[float] | None] = field(default_factory=dict)  # recorded: schedule hash -> run_secs
+    in_flight: list[int] = field(default_factory=list)  # schedule hashes of the batch being measured
     skipped: int = 0
     tuning: bool = True
     exhausted: bool = False
@@ -849,10 +850,18 @@ class _Control:
         return self.stopped_by_time
 
 
-def _schedule_hash(mod) -> int:
-    import tvm_ffi
+def _schedule_hash(workload_mod, trace):
+    """(hash, schedule) of a trace replayed on its kernel: the one key for candidates and records.
 
-    return int(tvm_ffi.structural_hash(mod))
+    Hashing a candidate's own module is not enough: it can differ from what its recorded trace replays
+    to, and a resumed run would then measure a recorded schedule again.
+    """
+    import tvm_ffi
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(workload_mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return int(tvm_ffi.structural_hash(sch.mod)), sch
 
 
 def _resumable_strategy_class():
@@ -874,9 +883,9 @@ def _resumable_strategy_class():
             self.plan = plan
             self.control = control
             self._pending: tuple[list, list] = ([], [])
-            self._fresh: list[int] = []
 
         def _initialize_with_tune_context(self, context) -> None:
+            self.workload_mod = context.mod
             self.inner._initialize_with_tune_context(context)
 
         def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
@@ -902,7 +911,7 @@ def _resumable_strategy_class():
                     return None
                 fresh, fresh_hashes, known, known_results = [], [], [], []
                 for candidate in candidates:
-                    digest = _schedule_hash(candidate.sch.mod)
+                    digest = _schedule_hash(self.workload_mod, candidate.sch.trace)[0]
                     if digest in plan.known or digest in fresh_hashes:
                         run_secs = plan.known.get(digest)
                         known.append(candidate)
@@ -917,7 +926,7 @@ def _resumable_strategy_class():
                     fresh, fresh_hashes = fresh[:limit], fresh_hashes[:limit]
                     control.left -= len(fresh)  # reserved now: the scheduler may start other batches meanwhile
                     self._pending = (known, known_results)
-                    self._fresh = fresh_hashes
+                    plan.in_flight = fresh_hashes
                     return fresh
                 self.inner.notify_runner_results(known, known_results)
             plan.exhausted = True
@@ -928,16 +937,13 @@ def _resumable_strategy_class():
             self._pending = ([], [])
             self.inner.notify_runner_results(list(known) + list(measure_candidates),
                                              list(known_results) + list(results))
-            for digest, result in zip(self._fresh, results):
-                if result.run_secs:
-                    self.plan.known[digest] = [float(s) for s in result.run_secs]
-                elif not self.control.interrupted and not _lost_device(result.error_msg):
-                    self.plan.known[digest] = None  # a failure caused by an interrupt or a lost device is none
-            self._fresh = []
+            # plan.known learns of this batch from the recorder: only what it records counts as done
             self.plan.left -= len(measure_candidates)
 
         def clone(self):
-            return ResumableSearch(self.inner.clone(), self.plan, self.control)
+            twin = ResumableSearch(self.inner.clone(), self.plan, self.control)
+            twin.workload_mod = getattr(self, "workload_mod", None)
+            return twin
 
     return ResumableSearch
 
@@ -1093,18 +1099,19 @@ def _record_callback_class():
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
             context = task_scheduler.tasks_[task_id].ctx
             workload = self.database.commit_workload(context.mod)
-            recorded = []
-            for candidate, built, result in zip(measure_candidates, builder_results, runner_results):
+            recorded: list[tuple[int, list[float] | None]] = []  # (position in the batch, run_secs; None: failed)
+            for position, (candidate, built, result) in enumerate(
+                    zip(measure_candidates, builder_results, runner_results)):
                 failed = built.error_msg is not None or not result.run_secs
                 if failed and self.control.interrupted:
                     continue
                 if failed and self.remote and built.error_msg is None and _lost_device(result.error_msg):
                     self.control.lost += 1  # the device, not the candidate, failed: a rerun measures it
                     continue
-                run_secs = [float(v) for v in result.run_secs] if not failed else [1e10]
+                run_secs = [float(v) for v in result.run_secs] if not failed else None
                 self.database.commit_tuning_record(TuningRecord(
-                    candidate.sch.trace, workload, run_secs, context.target, candidate.args_info))
-                recorded.append(result)
+                    candidate.sch.trace, workload, run_secs or [1e10], context.target, candidate.args_info))
+                recorded.append((position, run_secs))
             self.on_batch(int(task_id), recorded)
 
     return RecordAndReport
@@ -1278,7 +1285,6 @@ def _target_text(target: dict[str, Any]) -> str:
 def _load_known(database, tasks: list[TuningTask]) -> dict[str, list[tuple[Any, list[float] | None, int]]]:
     """Per workload hash: (record, run_secs, schedule hash) for every record in the database."""
     import tvm_ffi
-    from tvm.s_tir import Schedule
 
     wanted = {t.workload for t in tasks}
     by_workload: dict[str, list] = {}
@@ -1294,9 +1300,7 @@ def _load_known(database, tasks: list[TuningTask]) -> dict[str, list[tuple[Any, 
         if run_secs and sum(run_secs) / len(run_secs) >= FAILED_SECONDS:
             run_secs = None
         try:
-            sch = Schedule(record.workload.mod)
-            record.trace.apply_to_schedule(sch, remove_postproc=False)
-            digest = _schedule_hash(sch.mod)
+            digest, sch = _schedule_hash(record.workload.mod, record.trace)
         except Exception:  # noqa: BLE001 - a record that no longer applies is still a finished trial
             digest = -1
             sch = None
@@ -1571,18 +1575,20 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
 
         run_trials = 0
 
-        def on_batch(task_id: int, results: list) -> None:
+        def on_batch(task_id: int, recorded: list[tuple[int, list[float] | None]]) -> None:
             nonlocal run_trials
             plan = active[task_id]
-            for result in results:
-                if result.run_secs:
-                    values = [float(s) for s in result.run_secs]
-                    mean = sum(values) / len(values)
+            for position, run_secs in recorded:
+                if position < len(plan.in_flight):
+                    plan.known[plan.in_flight[position]] = run_secs
+                if run_secs:
+                    mean = sum(run_secs) / len(run_secs)
                     if mean < FAILED_SECONDS and (plan.best is None or mean < plan.best):
                         plan.best = mean
-            plan.trials += len(results)
+            plan.in_flight = []
+            plan.trials += len(recorded)
             plan.history.append(plan.best if plan.best is not None else FAILED_SECONDS * 10)
-            run_trials += len(results)
+            run_trials += len(recorded)
             elapsed = time.monotonic() - started
             _write_json_atomic(directory / STATE_FILE, {"seconds": round(seconds_before + elapsed, 1),
                                                         "runs": runs_now, "updated": _now()})
