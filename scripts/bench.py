@@ -8,8 +8,8 @@
 For each test model (scripts/fetch_models.py):
 
 * ``edgepack untuned``: ``compile_model`` for the host profile, TVM's default pipeline;
-* ``edgepack tuned``: ``tune_model`` on this machine with a fixed trial budget (``--trials``, the same
-  for every model), then ``compile_model(..., tuning=...)``;
+* ``edgepack tuned``: ``tune_model`` on this machine with a fixed trial budget (``--trials N``, the same
+  for every model unless ``MODEL=N`` gives one its own), then ``compile_model(..., tuning=...)``;
 * ``onnxruntime`` (CPU execution provider, all graph optimisations) or ``litert`` (TFLite models).
 
 Every runtime uses the same number of threads (``TVM_NUM_THREADS``, ORT ``intra_op_num_threads``,
@@ -248,14 +248,15 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
 
     # a rerun with more --trials tunes on from here; schedules are for --threads cores
     tuning_dir = work / "tuning" / f"{name}-{profile.name}-{args.threads}t"
-    say(f"{name}: tuning ({args.trials} trials, resumable in {tuning_dir})")
+    trials = args.trials.get(name, args.trials["*"])
+    say(f"{name}: tuning ({trials} trials, resumable in {tuning_dir})")
 
     def progress(p) -> None:
         if p.last_task is not None and args.verbose:
             task = p.tasks[p.last_task]
             say(f"  {p.trials}/{p.trials_budget} {task.name} best {task.best_seconds and task.best_seconds * 1e3:.3f} ms")
 
-    tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=args.trials, input_shapes=shapes,
+    tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=trials, input_shapes=shapes,
                               trials_per_batch=args.batch, num_cores=args.threads, progress=progress,
                               log=(lambda m: say(f"  {m}")) if args.verbose else None)
     if tuned_result.stopped == "interrupted":
@@ -303,6 +304,25 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     return rows
 
 
+def parse_trials(values: list[str]) -> dict[str, int]:
+    """``["600", "mobilenetv2=2400"]`` -> ``{"*": 600, "mobilenetv2": 2400}`` (``*``: every other model)."""
+    budgets = {"*": 600}
+    for value in values:
+        model, _, number = value.rpartition("=")
+        if model and model not in MODELS:
+            raise ValueError(f"--trials {value}: unknown model {model!r} (known: {', '.join(MODELS)})")
+        if not number.isdigit() or int(number) <= 0:
+            raise ValueError(f"--trials {value}: expected a positive number of trials, as N or MODEL=N")
+        budgets[model or "*"] = int(number)
+    return budgets
+
+
+def trials_text(budgets: dict[str, int], models: list[str]) -> str:
+    default = budgets["*"]
+    own = [f"{m} {budgets[m]}" for m in models if m in budgets and budgets[m] != default]
+    return f"{default} trials per model" + (f" ({', '.join(own)})" if own else "")
+
+
 def render_markdown(rows: list[Row], meta: dict) -> str:
     lines = [
         "| model | runtime | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library | runtime |",
@@ -346,7 +366,7 @@ Date: {meta['date']}. Threads: **{meta['threads']}** for every runtime (`TVM_NUM
 per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
 of the same run (below 1.00x: edgepack is faster).
 
-Tuning: MetaSchedule on this machine, **{meta['trials']} trials per model** (batches of {meta['batch']}), schedules
+Tuning: MetaSchedule on this machine, **{meta['trials']}** (batches of {meta['batch']}), schedules
 for {meta['threads']} core(s) measured with {meta['threads']} thread(s),
 target {meta['target']}{' (' + meta['profile_note'] + ')' if meta['profile_note'] else ''}. Tuning time is the
 wall-clock time of `edgepack tune` (all runs of the tuning directory); compile time includes importing the model.
@@ -369,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every runtime")
-    parser.add_argument("--trials", type=int, default=600, help="tuning trials per model (default 600)")
+    parser.add_argument("--trials", nargs="+", default=["600"], metavar="N|MODEL=N",
+                        help="tuning trials per model (default 600); MODEL=N gives one model its own budget, "
+                             "e.g. --trials 600 mobilenetv2=2400")
     parser.add_argument("--batch", type=int, default=16, help="candidates per measurement batch")
     parser.add_argument("--repeat", type=int, default=50, help="timed runs per runtime")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each block of timed runs")
@@ -380,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     parser.add_argument("--time-one", metavar="JSON", help=argparse.SUPPRESS)  # internal: one timing process
     args = parser.parse_args(argv)
+    try:
+        args.trials = parse_trials(args.trials)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.time_one:
         print(json.dumps(time_one(json.loads(args.time_one))))
         return 0
@@ -408,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     versions = ", ".join(f"{p} {md.version(p)}" for p in ("apache-tvm", "apache-tvm-ffi", "onnxruntime", "ai-edge-litert"))
     target = " ".join(f"{k}={v}" for k, v in profile.target.items())
-    meta = info | {"threads": args.threads, "repeat": args.repeat, "warmup": args.warmup, "trials": args.trials,
+    meta = info | {"threads": args.threads, "repeat": args.repeat, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
                    "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                    "profile_note": note, "target": f"`{target}`", "versions": versions}
     print_table(rows, meta)
