@@ -28,6 +28,24 @@ HOST_TRIPLE = "x86_64-linux-gnu"
 Log = Callable[[str], None]
 
 
+def format_size(values: Sequence[int | str]) -> str:
+    """``(64, 1, 1)`` -> ``64x1x1``: launch sizes in ``inspect --kernels``."""
+    return "x".join(str(v) for v in values)
+
+
+def summary_lines(extra: Mapping[str, Any], kernels_line: str) -> list[str]:
+    """Compile-summary lines of a GPU build: its kernels, their schedules, and the CPU fallback (always
+    stated, never silent)."""
+    schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
+    fallback = extra.get("cpu_fallback") or []
+    return [
+        kernels_line,
+        f"schedules: {schedules or 'none'}",
+        "CPU fallback: none (every fused function runs on the GPU)" if not fallback
+        else f"CPU fallback: {len(fallback)} function(s) without a GPU schedule: {', '.join(fallback)}",
+    ]
+
+
 @dataclass(frozen=True)
 class PluginRecipe:
     """One plug-in: ``runtimes/<name>`` installs ``lib/<shared>`` (and a static archive)."""

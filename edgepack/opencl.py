@@ -489,17 +489,14 @@ def gpu_summary(build_dir: Path | str) -> dict[str, Any] | None:
     return read_manifest(Path(build_dir)).extra.get("opencl")
 
 
-def format_size(values: Sequence[int | str]) -> str:
-    return "x".join(str(v) for v in values)
-
-
 def render_kernels(found: Sequence[Kernel], *, with_source: bool = True) -> str:
     """Plain text for ``inspect BUILD --kernels``: one header line per kernel, then its source."""
     lines = [f"{len(found)} OpenCL kernel(s)"]
     width = max((len(k.name) for k in found), default=10)
+    size = gpu_plugins.format_size
     for k in found:
-        lines.append(f"{k.name:<{width}}  global {format_size(k.global_size):<14} local {format_size(k.block):<10}"
-                     f" (grid {format_size(k.grid)})  from {k.function}  args: {', '.join(k.arg_types)}")
+        lines.append(f"{k.name:<{width}}  global {size(k.global_size):<14} local {size(k.block):<10}"
+                     f" (grid {size(k.grid)})  from {k.function}  args: {', '.join(k.arg_types)}")
         if with_source and k.source:
             lines.append(k.source.rstrip())
             lines.append("")
@@ -508,17 +505,10 @@ def render_kernels(found: Sequence[Kernel], *, with_source: bool = True) -> str:
 
 def summary_lines(opencl_extra: dict[str, Any]) -> list[str]:
     """Lines for the compile summary: kernels, schedules, and the CPU fallback (always stated)."""
-    schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(opencl_extra.get("schedules", {}).items()))
-    fallback = opencl_extra.get("cpu_fallback") or []
-    kernels_line = (f"GPU: {opencl_extra.get('num_kernels', 0)} OpenCL kernels from "
-                    f"{opencl_extra.get('num_functions', 0)} fused functions ({opencl_extra.get('pipeline')} "
-                    f"pipeline; {opencl_extra.get('memory', 'buffers')})")
-    return [
-        kernels_line,
-        f"schedules: {schedules or 'none'}",
-        "CPU fallback: none (every fused function runs on the GPU)" if not fallback
-        else f"CPU fallback: {len(fallback)} function(s) without a GPU schedule: {', '.join(fallback)}",
-    ]
+    return gpu_plugins.summary_lines(
+        opencl_extra, f"GPU: {opencl_extra.get('num_kernels', 0)} OpenCL kernels from "
+                      f"{opencl_extra.get('num_functions', 0)} fused functions ({opencl_extra.get('pipeline')} "
+                      f"pipeline; {opencl_extra.get('memory', 'buffers')})")
 
 
 # ----------------------------------------------------------------------------------------------

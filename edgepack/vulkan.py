@@ -205,19 +205,16 @@ def kernels(build_dir: Path | str) -> list:
                    tuple(k["block"]), sections.get(k["name"], "")) for k in index["kernels"]]
 
 
-def _size(values: Sequence[int | str]) -> str:
-    return "x".join(str(v) for v in values)
-
-
 def render_kernels(found: Sequence, *, with_source: bool = True) -> str:
     """Plain text for ``inspect BUILD --kernels``: one line per shader (dispatch = workgroups per
     dimension, the workgroup size compiled into the shader), then its WGSL."""
     lines = [f"{len(found)} WGSL shader(s) (Vulkan via wgpu-native)"]
     width = max((len(k.name) for k in found), default=10)
+    size = gpu_plugins.format_size
     for k in found:
         buffers = sum(1 for t in k.arg_types if t == "handle")
         scalars = [t for t in k.arg_types if t != "handle"]
-        lines.append(f"{k.name:<{width}}  dispatch {_size(k.grid):<12} workgroup_size {_size(k.block):<10}"
+        lines.append(f"{k.name:<{width}}  dispatch {size(k.grid):<12} workgroup_size {size(k.block):<10}"
                      f" from {k.function}  bindings: {buffers} storage + uniform"
                      + (f" ({', '.join(scalars)})" if scalars else ""))
         if with_source and k.source:
@@ -228,17 +225,10 @@ def render_kernels(found: Sequence, *, with_source: bool = True) -> str:
 
 def summary_lines(extra: dict[str, Any]) -> list[str]:
     """Lines for the compile summary: shaders, schedules, and the CPU fallback (always stated)."""
-    schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
-    fallback = extra.get("cpu_fallback") or []
-    shaders = (f"GPU: {extra.get('num_kernels', 0)} WGSL shaders from {extra.get('num_functions', 0)} fused "
+    return gpu_plugins.summary_lines(
+        extra, f"GPU: {extra.get('num_kernels', 0)} WGSL shaders from {extra.get('num_functions', 0)} fused "
                f"functions ({extra.get('pipeline')} pipeline; {extra.get('memory', 'buffers')}; "
                f"{extra.get('runtime', 'wgpu-native')})")
-    return [
-        shaders,
-        f"schedules: {schedules or 'none'}",
-        "CPU fallback: none (every fused function runs on the GPU)" if not fallback
-        else f"CPU fallback: {len(fallback)} function(s) without a GPU schedule: {', '.join(fallback)}",
-    ]
 
 
 # ----------------------------------------------------------------------------------------------

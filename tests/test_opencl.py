@@ -15,11 +15,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import run_cli
+from gpu_common import apt_install, builds_once, check_gpu_build, tiny_module, unscheduled_module
 
 from edgepack import opencl
 from edgepack.errors import CompileError, EdgepackError, ValidationError
@@ -43,15 +43,7 @@ def _has_ndk() -> bool:
 
 
 def _install_pocl() -> str | None:
-    """Install PoCL with apt when we may (root, Debian/Ubuntu); returns why not, or None."""
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        return "PoCL is not installed and cannot be installed here (needs root and apt-get)"
-    cmd = ["apt-get", "install", "-y", "-q", "pocl-opencl-icd", "ocl-icd-libopencl1"]
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True,
-                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    if result.returncode != 0:
-        return f"`{' '.join(cmd)}` failed: {result.stderr.strip().splitlines()[-1:]}"
-    return None
+    return apt_install(["pocl-opencl-icd", "ocl-icd-libopencl1"], "PoCL is not installed")
 
 
 @pytest.fixture(scope="session")
@@ -105,34 +97,7 @@ apt_package = "g++-aarch64-linux-gnu"
 @pytest.fixture(scope="session")
 def gpu_build(models, gpu_profiles, tmp_path_factory):
     """Compile each (model, GPU profile) once per session."""
-    from edgepack.compiler import compile_model
-
-    root = tmp_path_factory.mktemp("gpu-builds")
-    built: dict[tuple[str, str], Path] = {}
-
-    def get(name: str, profile: str) -> Path:
-        key = (name, profile)
-        if key not in built:
-            out = root / f"{name}-{profile}"
-            model = models[name]
-            compile_model(model.path, gpu_profiles[profile], out, input_shapes=model.input_shapes)
-            built[key] = out
-        return built[key]
-
-    return get
-
-
-def _tiny_module(fn, shapes):
-    import tvm  # noqa: F401
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(shapes)]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = bb.emit_output(fn(*xs))
-        bb.emit_func_output(out)
-    return SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("tiny")))
+    return builds_once(models, tmp_path_factory.mktemp("gpu-builds"), gpu_profiles.__getitem__)
 
 
 def _mali_target(host=None):
@@ -218,7 +183,7 @@ def test_compiled_module_runs_and_reports_its_kernels(pocl, tmp_path):
     import tvm
     from tvm import relax
 
-    tiny = _tiny_module(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]),
+    tiny = tiny_module(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]),
                         [((4, 64), "float32")])
     executable, report = opencl.build_gpu(tiny, _mali_target())
     assert report.pipeline == "gpu_generic" and report.unscheduled == []
@@ -239,26 +204,8 @@ def test_compiled_module_runs_and_reports_its_kernels(pocl, tmp_path):
 
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
     """TVM would compile them as CPU code handed GPU buffers; edgepack refuses and names them."""
-    from tvm import relax
-    from tvm.script import tirx as T
-
-    @T.prim_func(private=True)
-    def plain_loop(a: T.handle, b: T.handle):
-        A = T.match_buffer(a, (64,), "float32")
-        B = T.match_buffer(b, (64,), "float32")
-        for i in range(64):
-            B[i] = A[i] + T.float32(1)
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((64,), "float32"))
-    with bb.function("main", [x]):
-        gv = bb.add_func(plain_loop, "plain_loop")
-        with bb.dataflow():
-            y = bb.emit_output(relax.call_tir(gv, [x], relax.TensorType((64,), "float32")))
-        bb.emit_func_output(y)
-    module = SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("plain.onnx")))
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
-        opencl.build_gpu(module, _mali_target())
+        opencl.build_gpu(unscheduled_module(), _mali_target())
     assert "CPU" in err.value.message and "rpi4" in err.value.hint
 
 
@@ -267,7 +214,7 @@ def test_topi_gpu_implementations_and_scalar_kernel_arguments(pocl, tmp_path):
     import tvm
     from tvm import relax
 
-    tiny = _tiny_module(lambda x, i, u: relax.op.scatter_elements(x, i, u, axis=0),
+    tiny = tiny_module(lambda x, i, u: relax.op.scatter_elements(x, i, u, axis=0),
                         [((8, 4), "float32"), ((2, 4), "int64"), ((2, 4), "float32")])
     executable, report = opencl.build_gpu(tiny, _mali_target())
     assert [f.schedule for f in report.functions] == ["own thread bindings"]
@@ -294,16 +241,9 @@ def test_topi_gpu_implementations_and_scalar_kernel_arguments(pocl, tmp_path):
 @pytest.mark.parametrize("profile", GPU_PROFILES)
 @pytest.mark.parametrize("name", MODELS)
 def test_real_models_on_opencl_match_the_reference(pocl, gpu_build, name, profile):
-    build = gpu_build(name, profile)
-    manifest = read_manifest(build)
-    gpu = manifest.extra["opencl"]
-    assert gpu["cpu_fallback"] == [] and gpu["num_kernels"] > 0 and gpu["memory"] == "buffers"
+    gpu = check_gpu_build(gpu_build(name, profile), "opencl", "host-opencl", name)
+    assert gpu["memory"] == "buffers"
     assert gpu["pipeline"] == ("adreno" if profile == "adreno-6xx" else "gpu_generic")
-    assert "none" not in gpu["schedules"]
-    assert {"opencl_kernels", "opencl_kernel_index"} <= set(manifest.artifacts)
-    report = validate(build, "host-opencl", seed=7)
-    assert report.passed, report
-    assert report.reference == ("litert" if name == "face_detection_short_range" else "onnxruntime")
 
 
 @pytest.mark.slow
@@ -600,7 +540,7 @@ def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path, server_kind):
         dev = session.device(4, 0)  # kDLOpenCL
         assert dev.exist
 
-        tiny = _tiny_module(lambda x: relax.op.nn.softmax(x), [((2, 32), "float32")])
+        tiny = tiny_module(lambda x: relax.op.nn.softmax(x), [((2, 32), "float32")])
         executable, _ = opencl.build_gpu(tiny, _mali_target())
         executable.export_library(str(tmp_path / "tiny.so"))
         session.upload(str(tmp_path / "tiny.so"))

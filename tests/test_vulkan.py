@@ -6,16 +6,15 @@ for vulkan-generic / mali-g610-vulkan, plus the C API, C bundles and the CLI.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
+from gpu_common import apt_install, builds_once, check_gpu_build, tiny_module, unscheduled_module
 
 from edgepack import vulkan
 from edgepack.errors import CompileError, EdgepackError, ValidationError
@@ -34,15 +33,7 @@ QEMU = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
 
 
 def _install_lavapipe() -> str | None:
-    """Install lavapipe with apt when we may (root, Debian/Ubuntu); returns why not, or None."""
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        return "no Vulkan driver, and lavapipe cannot be installed here (needs root and apt-get)"
-    cmd = ["apt-get", "install", "-y", "-q", "mesa-vulkan-drivers", "libvulkan1"]
-    result = subprocess.run(cmd, check=False, capture_output=True, text=True,
-                            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    if result.returncode != 0:
-        return f"`{' '.join(cmd)}` failed: {result.stderr.strip().splitlines()[-1:]}"
-    return None
+    return apt_install(["mesa-vulkan-drivers", "libvulkan1"], "no Vulkan driver (lavapipe)")
 
 
 @pytest.fixture(scope="session")
@@ -65,33 +56,8 @@ def lavapipe():
 @pytest.fixture(scope="session")
 def vk_build(models, tmp_path_factory):
     """Compile each (model, Vulkan profile) once per session."""
-    from edgepack.compiler import compile_model
-
-    root = tmp_path_factory.mktemp("vulkan-builds")
-    built: dict[tuple[str, str], Path] = {}
-
-    def get(name: str, profile: str = "vulkan-generic") -> Path:
-        if (name, profile) not in built:
-            model = models[name]
-            out = root / f"{name}-{profile}"
-            compile_model(model.path, profile, out, input_shapes=model.input_shapes)
-            built[(name, profile)] = out
-        return built[(name, profile)]
-
-    return get
-
-
-def _tiny(fn, shapes, name="tiny"):
-    import tvm  # noqa: F401
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(shapes)]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = bb.emit_output(fn(*xs))
-        bb.emit_func_output(out)
-    return SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path(name)))
+    get = builds_once(models, tmp_path_factory.mktemp("vulkan-builds"))
+    return lambda name, profile="vulkan-generic": get(name, profile)
 
 
 def _target(profile: str = "vulkan-generic"):
@@ -200,7 +166,7 @@ def test_compiled_module_runs_and_reports_its_shaders(lavapipe, tmp_path):
     """A small Relax program (add, softmax, sum) through the GPU pipeline and the runtime module."""
     from tvm import relax
 
-    tiny = _tiny(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]), [((4, 64), "float32")])
+    tiny = tiny_module(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]), [((4, 64), "float32")])
     executable, report = vulkan.build_gpu(tiny, _target())
     assert report.pipeline == "gpu_generic" and report.unscheduled == []
     assert {k.name for k in report.kernels} >= {"add_kernel", "softmax_kernel", "sum_kernel"}
@@ -217,7 +183,7 @@ def test_dynamic_shapes_pass_scalar_arguments_in_the_uniform(lavapipe, tmp_path)
     from tvm import relax, tirx
 
     n = tirx.Var("n", "int64")
-    executable, report = vulkan.build_gpu(_tiny(lambda x: relax.op.add(x, x), [((n, 64), "float32")]), _target())
+    executable, report = vulkan.build_gpu(tiny_module(lambda x: relax.op.add(x, x), [((n, 64), "float32")]), _target())
     kernel = report.kernels[0]
     assert "int64" in kernel.arg_types and "n: i32" in kernel.source
     for rows in (5, 300):
@@ -233,7 +199,7 @@ def test_float16_runs_when_the_driver_has_shader_f16(lavapipe, tmp_path):
     if not lavapipe["devices"][0]["shader_f16"]:
         pytest.skip("this Vulkan driver has no shaderFloat16")
     executable, report = vulkan.build_gpu(
-        _tiny(lambda x: relax.op.nn.softmax(relax.op.add(x, x)), [((64, 64), "float16")]), _target())
+        tiny_module(lambda x: relax.op.nn.softmax(relax.op.add(x, x)), [((64, 64), "float16")]), _target())
     assert all("enable f16;" in k.source for k in report.kernels)
     x = np.random.default_rng(5).random((64, 64)).astype(np.float16)
     out = _run_tiny(executable, tmp_path, x)
@@ -247,7 +213,7 @@ def test_grids_beyond_the_dispatch_limit_are_folded(lavapipe, tmp_path):
     from tvm import relax
 
     size = (65536 + 3) * 256
-    executable, report = vulkan.build_gpu(_tiny(lambda x: relax.op.nn.relu(x), [((size,), "float32")]), _target())
+    executable, report = vulkan.build_gpu(tiny_module(lambda x: relax.op.nn.relu(x), [((size,), "float32")]), _target())
     assert report.kernels[0].grid[0] > lavapipe["devices"][0]["max_workgroups_per_dimension"]
     x = np.random.default_rng(4).standard_normal(size).astype(np.float32)
     np.testing.assert_array_equal(_run_tiny(executable, tmp_path, x), np.maximum(x, 0))
@@ -257,7 +223,7 @@ def test_profile_limits_reach_the_schedules():
     """The profiles' Vulkan limits are what the GPU schedules size their thread blocks by."""
     from tvm import relax
 
-    tiny = _tiny(lambda x: relax.op.nn.relu(x), [((1, 64, 56, 56), "float32")])
+    tiny = tiny_module(lambda x: relax.op.nn.relu(x), [((1, 64, 56, 56), "float32")])
     for profile in ("vulkan-generic", "mali-g610-vulkan"):
         limit = get_profile(profile).target["max_num_threads"]
         _exe, report = vulkan.build_gpu(tiny, _target(profile))
@@ -266,26 +232,8 @@ def test_profile_limits_reach_the_schedules():
 
 
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
-    from tvm import relax
-    from tvm.script import tirx as T
-
-    @T.prim_func(private=True)
-    def plain_loop(a: T.handle, b: T.handle):
-        A = T.match_buffer(a, (64,), "float32")
-        B = T.match_buffer(b, (64,), "float32")
-        for i in range(64):
-            B[i] = A[i] + T.float32(1)
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((64,), "float32"))
-    with bb.function("main", [x]):
-        gv = bb.add_func(plain_loop, "plain_loop")
-        with bb.dataflow():
-            y = bb.emit_output(relax.call_tir(gv, [x], relax.TensorType((64,), "float32")))
-        bb.emit_func_output(y)
-    module = SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("plain.onnx")))
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
-        vulkan.build_gpu(module, _target())
+        vulkan.build_gpu(unscheduled_module(), _target())
     assert "CPU" in err.value.message
 
 
@@ -293,7 +241,7 @@ def test_64_bit_integers_are_refused_with_the_reason():
     """WGSL has no 64-bit integers: TVM's webgpu code generator stops; edgepack says why and what to do."""
     from tvm import relax
 
-    tiny = _tiny(lambda x, i: relax.op.take(x, i, axis=0), [((8, 4), "float32"), ((3,), "int64")], "take.onnx")
+    tiny = tiny_module(lambda x, i: relax.op.take(x, i, axis=0), [((8, 4), "float32"), ((3,), "int64")], "take.onnx")
     with pytest.raises(CompileError, match="64-bit integers") as err:
         vulkan.build_gpu(tiny, _target())
     assert "mali-g610" in err.value.hint and "int32" in err.value.hint
@@ -333,19 +281,12 @@ def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
 ])
 def test_real_models_on_vulkan_match_the_reference(lavapipe, vk_build, name, profile):
     build = vk_build(name, profile)
-    manifest = read_manifest(build)
-    gpu = manifest.extra["vulkan"]
-    assert gpu["cpu_fallback"] == [] and gpu["num_kernels"] > 0 and gpu["language"] == "wgsl"
-    assert "none" not in gpu["schedules"]
-    assert {"vulkan_kernels", "vulkan_kernel_index"} <= set(manifest.artifacts)
     # every shader stays within the profile's limits
     limits = get_profile(profile).target
     for k in vulkan.kernels(build):
         assert int(np.prod(k.block)) <= limits["max_num_threads"], k.name
         assert _workgroup_bytes(k.source) <= limits["max_shared_memory_per_block"], k.name
-    report = validate(build, "host-vulkan", seed=7)
-    assert report.passed, report
-    assert report.reference == ("litert" if name == "face_detection_short_range" else "onnxruntime")
+    assert check_gpu_build(build, "vulkan", "host-vulkan", name)["language"] == "wgsl"
 
 
 @pytest.mark.slow
