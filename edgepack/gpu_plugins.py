@@ -57,12 +57,13 @@ class PluginRecipe:
 
 
 def sources_digest(name: str) -> str:
-    """The plug-in's sources and the headers it shares with the other one (``runtimes/gpu-common``)."""
+    """The plug-in's sources, the headers it shares with the other one (``runtimes/gpu-common``) and the
+    CMake code it shares with the TVM runtime build (``runtimes/cmake``)."""
     from edgepack import native
 
     h = hashlib.sha256()
-    for root in (native.runtimes_dir() / name, native.runtimes_dir() / "gpu-common"):
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".h", ".cc", ".txt")
+    for root in (native.runtimes_dir() / name, native.runtimes_dir() / "gpu-common", native.runtimes_dir() / "cmake"):
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".h", ".cc", ".txt", ".cmake")
                            and "tests" not in p.relative_to(root).parts):
             h.update(f"{root.name}/{path.relative_to(root)}".encode())
             h.update(path.read_bytes())

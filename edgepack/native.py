@@ -237,7 +237,7 @@ def _sources_digest() -> str:
     (documentation and the compat self-test do not)."""
     root = runtimes_dir()
     h = hashlib.sha256()
-    for base in (root / "tvm-runtime", root / "tvm-compat"):
+    for base in (root / "tvm-runtime", root / "tvm-compat", root / "cmake"):  # cmake: shared with the GPU plug-ins
         for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in (".h", ".txt", ".cmake")):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())

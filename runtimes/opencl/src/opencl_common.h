@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cl_api.h"
+#include "edgepack_gpu/device_attrs.h"
 
 namespace edgepack {
 namespace opencl {
@@ -41,6 +42,7 @@ struct DeviceEntry {
   cl::cl_ulong global_mem_cache_size = 0;
   cl::cl_uint compute_units = 0;
   cl::cl_uint max_clock_mhz = 0;
+  gpu::DeviceAttrs attrs;  // TVM's GetAttr answers, from the values above
 };
 
 /*! \brief True once the process is exiting: OpenCL objects are then left to the driver. */
@@ -68,6 +70,8 @@ class OpenCLWorkspace final : public DeviceAPI {
   /*! \brief Device entry for tvm.opencl(dev_id); throws when out of range. */
   DeviceEntry& Entry(int dev_id);
   size_t NumDevices();
+  /*! \brief The attributes of tvm.opencl(dev_id); nullptr (no error) when it does not exist. */
+  const gpu::DeviceAttrs* AttrsOf(int dev_id);
   /*! \brief The queue a launch or copy on ``dev`` goes to (the thread's current stream). */
   cl::cl_command_queue QueueFor(Device dev);
   /*! \brief The device set by SetDevice on this thread (TVM's host code calls it). */

@@ -12,11 +12,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
+#include "edgepack_gpu/util.h"
 #include "opencl_common.h"
 
 namespace edgepack {
@@ -30,10 +30,7 @@ thread_local int t_current_device = 0;
 // the stream (queue) SetStream made current, per device id, on this thread
 thread_local std::unordered_map<int, cl::cl_command_queue> t_streams;
 
-std::string Lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
+using gpu::Lower;
 
 std::string PlatformString(const cl::Api& api, cl::cl_platform_id p, cl::cl_platform_info what) {
   size_t size = 0;
@@ -77,6 +74,27 @@ std::string OpenCLVersionNumber(const std::string& version) {
   if (version.compare(0, prefix.size(), prefix) != 0) return version;
   std::string rest = version.substr(prefix.size());
   return rest.substr(0, rest.find(' '));
+}
+
+gpu::DeviceAttrs Attrs(const cl::Api& api, const DeviceEntry& e) {
+  gpu::DeviceAttrs a;
+  a.max_threads_per_block = static_cast<int64_t>(e.max_work_group_size);
+  a.max_shared_memory_per_block = static_cast<int64_t>(e.local_mem_size);
+  for (int d = 0; d < 3; ++d) a.max_thread_dims[d] = static_cast<int64_t>(e.max_work_item_sizes[d]);
+  a.name = e.name;
+  a.compute_version = OpenCLVersionNumber(e.version);
+  a.driver_version = e.driver_version;
+  a.api_version = 120;  // the OpenCL API level this runtime uses
+  a.max_clock_khz = static_cast<int64_t>(e.max_clock_mhz) * 1000;  // kHz, as the CUDA runtime reports
+  a.multi_processor_count = static_cast<int64_t>(e.compute_units);
+  a.l2_cache_bytes = static_cast<int64_t>(e.global_mem_cache_size);
+  a.total_global_memory = static_cast<int64_t>(e.global_mem_size);
+  cl::cl_uint align = 0;  // OpenCL 2.0+: unset where the driver does not answer
+  if (api.GetDeviceInfo(e.id, cl::CL_DEVICE_IMAGE_PITCH_ALIGNMENT, sizeof(align), &align, nullptr) ==
+      cl::CL_SUCCESS) {
+    a.image_pitch_alignment = static_cast<int64_t>(align);
+  }
+  return a;
 }
 
 }  // namespace
@@ -190,6 +208,7 @@ bool OpenCLWorkspace::Init(std::string* why) {
           DeviceValue<cl::cl_ulong>(*api, e.id, cl::CL_DEVICE_GLOBAL_MEM_CACHE_SIZE);
       e.compute_units = DeviceValue<cl::cl_uint>(*api, e.id, cl::CL_DEVICE_MAX_COMPUTE_UNITS);
       e.max_clock_mhz = DeviceValue<cl::cl_uint>(*api, e.id, cl::CL_DEVICE_MAX_CLOCK_FREQUENCY);
+      e.attrs = Attrs(*api, e);
     }
     devices_ = std::move(found);
     initialized_ = true;
@@ -228,83 +247,18 @@ cl::cl_command_queue OpenCLWorkspace::QueueFor(Device dev) {
 
 void OpenCLWorkspace::SetDevice(Device dev) { t_current_device = dev.device_id; }
 
+const gpu::DeviceAttrs* OpenCLWorkspace::AttrsOf(int dev_id) {
+  if (!Init() || dev_id < 0 || static_cast<size_t>(dev_id) >= devices_.size()) return nullptr;
+  return &devices_[dev_id].attrs;
+}
+
 void OpenCLWorkspace::GetAttr(Device dev, DeviceAttrKind kind, tvm::ffi::Any* rv) {
-  if (kind == tvm::runtime::kExist) {
-    *rv = static_cast<int>(Init() && dev.device_id >= 0 &&
-                           static_cast<size_t>(dev.device_id) < devices_.size());
-    return;
-  }
-  if (!Init() || dev.device_id < 0 || static_cast<size_t>(dev.device_id) >= devices_.size()) {
-    return;
-  }
-  const DeviceEntry& e = devices_[dev.device_id];
-  switch (kind) {
-    case tvm::runtime::kMaxThreadsPerBlock:
-      *rv = static_cast<int64_t>(e.max_work_group_size);
-      break;
-    case tvm::runtime::kWarpSize:
-      *rv = 1;  // OpenCL has no warp; TVM's OpenCL runtime reports 1 too
-      break;
-    case tvm::runtime::kMaxSharedMemoryPerBlock:
-      *rv = static_cast<int64_t>(e.local_mem_size);
-      break;
-    case tvm::runtime::kComputeVersion:
-      *rv = tvm::ffi::String(OpenCLVersionNumber(e.version));
-      break;
-    case tvm::runtime::kDeviceName:
-      *rv = tvm::ffi::String(e.name);
-      break;
-    case tvm::runtime::kMaxClockRate:
-      *rv = static_cast<int64_t>(e.max_clock_mhz) * 1000;  // kHz, as the CUDA runtime reports
-      break;
-    case tvm::runtime::kMultiProcessorCount:
-      *rv = static_cast<int64_t>(e.compute_units);
-      break;
-    case tvm::runtime::kMaxThreadDimensions: {
-      std::ostringstream os;
-      os << "[" << e.max_work_item_sizes[0] << ", " << e.max_work_item_sizes[1] << ", "
-         << e.max_work_item_sizes[2] << "]";
-      *rv = tvm::ffi::String(os.str());
-      break;
-    }
-    case tvm::runtime::kApiVersion:
-      *rv = 120;  // the OpenCL API level this runtime uses
-      break;
-    case tvm::runtime::kDriverVersion:
-      *rv = tvm::ffi::String(e.driver_version);
-      break;
-    case tvm::runtime::kL2CacheSizeBytes:
-      *rv = static_cast<int64_t>(e.global_mem_cache_size);
-      break;
-    case tvm::runtime::kTotalGlobalMemory:
-      *rv = static_cast<int64_t>(e.global_mem_size);
-      break;
-    case tvm::runtime::kImagePitchAlignment: {
-      cl::cl_uint align = 0;
-      if (cl::GetApi()->GetDeviceInfo(e.id, cl::CL_DEVICE_IMAGE_PITCH_ALIGNMENT, sizeof(align),
-                                      &align, nullptr) == cl::CL_SUCCESS) {
-        *rv = static_cast<int64_t>(align);
-      }
-      break;
-    }
-    default:
-      break;  // not known for OpenCL (registers per block, GCN arch, available memory)
-  }
+  gpu::GetDeviceAttr(AttrsOf(dev.device_id), kind, rv);
 }
 
 void OpenCLWorkspace::GetTargetProperty(Device dev, const std::string& property,
                                         tvm::ffi::Any* rv) {
-  if (!Init() || dev.device_id < 0 || static_cast<size_t>(dev.device_id) >= devices_.size()) {
-    return;
-  }
-  const DeviceEntry& e = devices_[dev.device_id];
-  if (property == "max_num_threads") {
-    *rv = static_cast<int64_t>(e.max_work_group_size);
-  } else if (property == "thread_warp_size") {
-    *rv = 1;
-  } else if (property == "max_shared_memory_per_block") {
-    *rv = static_cast<int64_t>(e.local_mem_size);
-  }
+  gpu::GetDeviceTargetProperty(AttrsOf(dev.device_id), property, rv);
 }
 
 void* OpenCLWorkspace::AllocDataSpace(Device dev, size_t nbytes, size_t /*alignment*/,

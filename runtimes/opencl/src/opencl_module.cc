@@ -36,6 +36,7 @@
 #include <unordered_map>
 
 #include "edgepack_gpu/kernel_cache.h"
+#include "edgepack_gpu/kernel_module.h"
 #include "edgepack_gpu/launch.h"
 #include "edgepack_gpu/module_data.h"
 #include "edgepack_gpu/util.h"
@@ -45,7 +46,8 @@ namespace edgepack {
 namespace opencl {
 
 namespace ffi = tvm::ffi;
-// shared with the Vulkan runtime (runtimes/gpu-common): module data, launch sizes, kernel cache
+// shared with the Vulkan runtime (runtimes/gpu-common): module data, launch sizes, kernel cache,
+// lookup of kernels by name, registrations
 using gpu::KernelInfo;
 using gpu::LaunchConfig;
 
@@ -57,14 +59,13 @@ struct CompiledKernel {
   std::mutex launch_mutex;  // clSetKernelArg + enqueue must not interleave between threads
 };
 
-class OpenCLModuleObj final : public ffi::ModuleObj {
+class OpenCLModuleObj final : public gpu::KernelModuleObj {
  public:
   OpenCLModuleObj(std::string fmt, std::vector<KernelInfo> kernels, std::string source)
-      : fmt_(std::move(fmt)), kernels_(std::move(kernels)), source_(std::move(source)) {
-    for (size_t i = 0; i < kernels_.size(); ++i) {
-      index_[kernels_[i].name] = i;
+      : KernelModuleObj(std::move(kernels)), fmt_(std::move(fmt)), source_(std::move(source)) {
+    for (const KernelInfo& k : kernels_) {
       // "tirx.use_required_block_dimension" is a hint: OpenCL takes the block size from the launch
-      launch_.push_back(LaunchConfig::From(kernels_[i], kRuntime, [](const std::string& tag) {
+      launch_.push_back(LaunchConfig::From(k, kRuntime, [](const std::string& tag) {
         return tag == "tirx.use_required_block_dimension";
       }));
     }
@@ -81,21 +82,6 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   }
 
   const char* kind() const final { return "opencl"; }
-
-  int GetPropertyMask() const final {
-    return ffi::Module::kBinarySerializable | ffi::Module::kRunnable;
-  }
-
-  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
-    auto it = index_.find(std::string(name));
-    if (it == index_.end()) return std::nullopt;
-    size_t index = it->second;
-    ffi::Module self = ffi::GetRef<ffi::Module>(this);  // keeps the module alive
-    return ffi::Function::FromPacked([self, this, index](ffi::PackedArgs args, ffi::Any* rv) {
-      (void)rv;
-      this->Launch(index, args);
-    });
-  }
 
   ffi::Bytes SaveToBytes() const final {
     gpu::ByteWriter w;
@@ -124,10 +110,7 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
     std::string fmt = r.Str();
     std::vector<KernelInfo> kernels = r.FunctionMap();
     std::string source = r.Str();
-    if (!r.AtEnd()) {
-      TVM_FFI_THROW(ValueError) << "The OpenCL module data has trailing bytes: not a module "
-                                   "written by TVM 0.27's OpenCL code generator";
-    }
+    r.ExpectEnd();
     if (fmt != "cl") {
       TVM_FFI_THROW(ValueError) << "The OpenCL module holds '" << fmt
                                 << "' code; edgepack's OpenCL runtime runs OpenCL C source "
@@ -213,7 +196,7 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
     return log;
   }
 
-  void Launch(size_t index, ffi::PackedArgs args) {
+  void Launch(size_t index, ffi::PackedArgs args) final {
     const KernelInfo& info = kernels_[index];
     const LaunchConfig& launch = launch_[index];
     const size_t nargs = info.arg_types.size();
@@ -279,9 +262,7 @@ class OpenCLModuleObj final : public ffi::ModuleObj {
   }
 
   std::string fmt_;
-  std::vector<KernelInfo> kernels_;
   std::string source_;
-  std::unordered_map<std::string, size_t> index_;
   std::vector<LaunchConfig> launch_;
   std::unordered_map<std::string, std::string> sections_;
   gpu::KernelCache<CompiledKernel> compiled_;
@@ -323,31 +304,12 @@ std::string RuntimeInfo() {
   return os.str();
 }
 
-bool Taken(const char* name) { return gpu::GlobalTaken(name); }
-
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
-  namespace refl = tvm::ffi::reflection;
-  if (!Taken("device_api.opencl")) {
-    refl::GlobalDef().def_packed("device_api.opencl", [](ffi::PackedArgs, ffi::Any* rv) {
-      *rv = static_cast<void*>(static_cast<DeviceAPI*>(OpenCLWorkspace::Global()));
-    });
-  }
-  if (!Taken("ffi.Module.load_from_bytes.opencl")) {
-    refl::GlobalDef().def("ffi.Module.load_from_bytes.opencl", [](const ffi::Bytes& bytes) {
-      return OpenCLModuleObj::LoadFromBytes(bytes);
-    });
-  }
-  if (!Taken("edgepack.opencl.uses_opencl")) {
-    // for C programs (edgepack.c): does this model need the OpenCL device?
-    refl::GlobalDef().def("edgepack.opencl.uses_opencl",
-                          [](const ffi::Module& mod) { return gpu::UsesModuleKind(mod, "opencl"); });
-  }
-  if (!Taken("edgepack.opencl.runtime_info")) {
-    refl::GlobalDef().def("edgepack.opencl.runtime_info",
-                          []() { return ffi::String(RuntimeInfo()); });
-  }
+  gpu::RegisterPlugin(
+      "opencl", "opencl", [] { return OpenCLWorkspace::Global(); },
+      [](const ffi::Bytes& bytes) { return OpenCLModuleObj::LoadFromBytes(bytes); }, RuntimeInfo);
 }
 
 }  // namespace opencl

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "edgepack_gpu/device_attrs.h"
 #include "wgpu_api.h"
 
 namespace edgepack {
@@ -44,6 +45,7 @@ struct DeviceEntry {
   uint32_t vendor_id = 0, device_id = 0;
   bool shader_f16 = false;  // the device was created with WGSL's f16 (float16 models)
   WGPULimits limits = WGPU_LIMITS_INIT;
+  gpu::DeviceAttrs attrs;  // TVM's GetAttr answers, from the limits and adapter info
 };
 
 /*! \brief True once the process is exiting: wgpu objects are then left to the driver. */
@@ -59,6 +61,8 @@ class WebGPUWorkspace final : public DeviceAPI {
   DeviceEntry& Entry(int dev_id);
   size_t NumDevices();
   const wgpu::Api& Api();
+  /*! \brief The attributes of webgpu(dev_id); nullptr (no error) when it does not exist. */
+  const gpu::DeviceAttrs* AttrsOf(int dev_id);
 
   /*! \brief The WGPUBuffer behind a TVM data pointer (throws for anything else). */
   WGPUBuffer BufferOf(const void* ptr, uint64_t* size = nullptr);

@@ -12,13 +12,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <thread>
 
+#include "edgepack_gpu/util.h"
 #include "webgpu_common.h"
 
 namespace edgepack {
@@ -28,10 +27,7 @@ namespace {
 
 std::atomic<bool> g_exiting{false};
 
-std::string Lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
+using gpu::Lower;
 
 const char* BackendName(WGPUBackendType t) {
   switch (t) {
@@ -84,6 +80,22 @@ bool WantedBackends(WGPUInstanceBackend* out, std::string* error) {
 }
 
 uint64_t RoundUp4(uint64_t n) { return (n + 3) & ~static_cast<uint64_t>(3); }
+
+gpu::DeviceAttrs Attrs(const wgpu::Api& api, const DeviceEntry& e) {
+  const WGPULimits& l = e.limits;
+  gpu::DeviceAttrs a;
+  a.max_threads_per_block = static_cast<int64_t>(l.maxComputeInvocationsPerWorkgroup);
+  a.max_shared_memory_per_block = static_cast<int64_t>(l.maxComputeWorkgroupStorageSize);
+  a.max_thread_dims[0] = static_cast<int64_t>(l.maxComputeWorkgroupSizeX);
+  a.max_thread_dims[1] = static_cast<int64_t>(l.maxComputeWorkgroupSizeY);
+  a.max_thread_dims[2] = static_cast<int64_t>(l.maxComputeWorkgroupSizeZ);
+  a.name = e.name;
+  a.compute_version = e.backend;
+  a.driver_version = e.description;
+  a.api_version = static_cast<int64_t>(api.wgpuGetVersion());
+  // clock, compute units and memory sizes are not known through WebGPU: left unset
+  return a;
+}
 
 }  // namespace
 
@@ -257,10 +269,8 @@ bool WebGPUWorkspace::Init(std::string* why) {
     if (api->wgpuDeviceGetLimits(entry_.device, &entry_.limits) != WGPUStatus_Success) {
       entry_.limits = limits;
     }
-    sync_each_launch_ = [] {
-      const char* v = std::getenv("EDGEPACK_WGPU_SYNC");
-      return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-    }();
+    entry_.attrs = Attrs(*api, entry_);
+    sync_each_launch_ = gpu::EnvFlag("EDGEPACK_WGPU_SYNC");
     initialized_ = true;
   });
   if (!initialized_ && why != nullptr) *why = init_error_;
@@ -301,57 +311,17 @@ WGPUBuffer WebGPUWorkspace::BufferOf(const void* ptr, uint64_t* size) {
 
 void WebGPUWorkspace::SetDevice(Device /*dev*/) {}
 
+const gpu::DeviceAttrs* WebGPUWorkspace::AttrsOf(int dev_id) {
+  return Init() && dev_id == 0 ? &entry_.attrs : nullptr;
+}
+
 void WebGPUWorkspace::GetAttr(Device dev, DeviceAttrKind kind, tvm::ffi::Any* rv) {
-  if (kind == tvm::runtime::kExist) {
-    *rv = static_cast<int>(Init() && dev.device_id == 0);
-    return;
-  }
-  if (!Init() || dev.device_id != 0) return;
-  const WGPULimits& l = entry_.limits;
-  switch (kind) {
-    case tvm::runtime::kMaxThreadsPerBlock:
-      *rv = static_cast<int64_t>(l.maxComputeInvocationsPerWorkgroup);
-      break;
-    case tvm::runtime::kWarpSize:
-      *rv = 1;  // WGSL without the subgroups extension has no warps (TVM's webgpu target: 1)
-      break;
-    case tvm::runtime::kMaxSharedMemoryPerBlock:
-      *rv = static_cast<int64_t>(l.maxComputeWorkgroupStorageSize);
-      break;
-    case tvm::runtime::kComputeVersion:
-      *rv = tvm::ffi::String(entry_.backend);
-      break;
-    case tvm::runtime::kDeviceName:
-      *rv = tvm::ffi::String(entry_.name);
-      break;
-    case tvm::runtime::kMaxThreadDimensions: {
-      std::ostringstream os;
-      os << "[" << l.maxComputeWorkgroupSizeX << ", " << l.maxComputeWorkgroupSizeY << ", "
-         << l.maxComputeWorkgroupSizeZ << "]";
-      *rv = tvm::ffi::String(os.str());
-      break;
-    }
-    case tvm::runtime::kApiVersion:
-      *rv = static_cast<int64_t>(wgpu::GetApi()->wgpuGetVersion());
-      break;
-    case tvm::runtime::kDriverVersion:
-      *rv = tvm::ffi::String(entry_.description);
-      break;
-    default:
-      break;  // not known through WebGPU (clock, compute units, memory sizes, ...)
-  }
+  gpu::GetDeviceAttr(AttrsOf(dev.device_id), kind, rv);
 }
 
 void WebGPUWorkspace::GetTargetProperty(Device dev, const std::string& property,
                                         tvm::ffi::Any* rv) {
-  if (!Init() || dev.device_id != 0) return;
-  if (property == "max_num_threads") {
-    *rv = static_cast<int64_t>(entry_.limits.maxComputeInvocationsPerWorkgroup);
-  } else if (property == "thread_warp_size") {
-    *rv = 1;
-  } else if (property == "max_shared_memory_per_block") {
-    *rv = static_cast<int64_t>(entry_.limits.maxComputeWorkgroupStorageSize);
-  }
+  gpu::GetDeviceTargetProperty(AttrsOf(dev.device_id), property, rv);
 }
 
 void* WebGPUWorkspace::AllocDataSpace(Device dev, size_t nbytes, size_t /*alignment*/,

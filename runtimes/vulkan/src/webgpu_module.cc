@@ -35,6 +35,7 @@
 #include <unordered_map>
 
 #include "edgepack_gpu/kernel_cache.h"
+#include "edgepack_gpu/kernel_module.h"
 #include "edgepack_gpu/launch.h"
 #include "edgepack_gpu/module_data.h"
 #include "edgepack_gpu/util.h"
@@ -104,15 +105,13 @@ struct Pipeline {
   }
 };
 
-class WebGPUModuleObj final : public ffi::ModuleObj {
+class WebGPUModuleObj final : public gpu::KernelModuleObj {
  public:
   WebGPUModuleObj(std::vector<KernelInfo> kernels,
                   std::vector<std::pair<std::string, std::string>> shaders)
-      : kernels_(std::move(kernels)), shaders_(std::move(shaders)) {
+      : KernelModuleObj(std::move(kernels)), shaders_(std::move(shaders)) {
     for (size_t i = 0; i < shaders_.size(); ++i) shader_index_[shaders_[i].first] = i;
-    for (size_t i = 0; i < kernels_.size(); ++i) {
-      const KernelInfo& k = kernels_[i];
-      index_[k.name] = i;
+    for (const KernelInfo& k : kernels_) {
       KernelPlan plan;
       plan.launch = LaunchConfig::From(k, kRuntime, [&](const std::string& tag) {
         if (tag.compare(0, std::strlen(kWriteAccessTag), kWriteAccessTag) != 0) return false;
@@ -144,21 +143,6 @@ class WebGPUModuleObj final : public ffi::ModuleObj {
 
   const char* kind() const final { return "webgpu"; }
 
-  int GetPropertyMask() const final {
-    return ffi::Module::kBinarySerializable | ffi::Module::kRunnable;
-  }
-
-  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
-    auto it = index_.find(std::string(name));
-    if (it == index_.end()) return std::nullopt;
-    size_t index = it->second;
-    ffi::Module self = ffi::GetRef<ffi::Module>(this);  // keeps the module alive
-    return ffi::Function::FromPacked([self, this, index](ffi::PackedArgs args, ffi::Any* rv) {
-      (void)rv;
-      this->Launch(index, args);
-    });
-  }
-
   ffi::Bytes SaveToBytes() const final {
     gpu::ByteWriter w;
     w.FunctionMap(kernels_);
@@ -184,10 +168,7 @@ class WebGPUModuleObj final : public ffi::ModuleObj {
     gpu::ByteReader r(bytes.data(), bytes.size(), "WebGPU");
     std::vector<KernelInfo> kernels = r.FunctionMap();
     std::vector<std::pair<std::string, std::string>> shaders = r.StringMap();
-    if (!r.AtEnd()) {
-      TVM_FFI_THROW(ValueError) << "The WebGPU module data has trailing bytes: not a module "
-                                   "written by TVM 0.27's WebGPU code generator";
-    }
+    r.ExpectEnd();
     return ffi::Module(ffi::make_object<WebGPUModuleObj>(std::move(kernels), std::move(shaders)));
   }
 
@@ -260,7 +241,7 @@ class WebGPUModuleObj final : public ffi::ModuleObj {
     return p;
   }
 
-  void Launch(size_t index, ffi::PackedArgs args) {
+  void Launch(size_t index, ffi::PackedArgs args) final {
     const KernelInfo& info = kernels_[index];
     const KernelPlan& plan = plans_[index];
     const TVMFFIAny* raw = gpu::KernelArgs(info, plan.launch, args.data(), args.size(), kRuntime);
@@ -365,9 +346,7 @@ class WebGPUModuleObj final : public ffi::ModuleObj {
     api.wgpuBufferRelease(uniform);
   }
 
-  std::vector<KernelInfo> kernels_;
   std::vector<std::pair<std::string, std::string>> shaders_;
-  std::unordered_map<std::string, size_t> index_;
   std::unordered_map<std::string, size_t> shader_index_;
   std::vector<KernelPlan> plans_;
   gpu::KernelCache<Pipeline> cache_;
@@ -422,28 +401,9 @@ std::string RuntimeInfo() {
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
-  namespace refl = tvm::ffi::reflection;
-  using gpu::GlobalTaken;
-  if (!GlobalTaken("device_api.webgpu")) {
-    refl::GlobalDef().def_packed("device_api.webgpu", [](ffi::PackedArgs, ffi::Any* rv) {
-      *rv = static_cast<void*>(static_cast<DeviceAPI*>(WebGPUWorkspace::Global()));
-    });
-  }
-  if (!GlobalTaken("ffi.Module.load_from_bytes.webgpu")) {
-    refl::GlobalDef().def("ffi.Module.load_from_bytes.webgpu", [](const ffi::Bytes& bytes) {
-      return WebGPUModuleObj::LoadFromBytes(bytes);
-    });
-  }
-  if (!GlobalTaken("edgepack.vulkan.uses_webgpu")) {
-    // for C programs (edgepack.c): does this model need the WebGPU/Vulkan device?
-    refl::GlobalDef().def("edgepack.vulkan.uses_webgpu", [](const ffi::Module& mod) {
-      return gpu::UsesModuleKind(mod, "webgpu");
-    });
-  }
-  if (!GlobalTaken("edgepack.vulkan.runtime_info")) {
-    refl::GlobalDef().def("edgepack.vulkan.runtime_info",
-                          []() { return ffi::String(RuntimeInfo()); });
-  }
+  gpu::RegisterPlugin(
+      "webgpu", "vulkan", [] { return WebGPUWorkspace::Global(); },
+      [](const ffi::Bytes& bytes) { return WebGPUModuleObj::LoadFromBytes(bytes); }, RuntimeInfo);
 }
 
 }  // namespace vulkan

@@ -111,6 +111,13 @@ class ByteReader {
     return out;
   }
   bool AtEnd() const { return pos_ == size_; }
+  /*! \brief Everything was read: bytes left over mean this is not what TVM 0.27 writes. */
+  void ExpectEnd() const {
+    if (!AtEnd()) {
+      TVM_FFI_THROW(ValueError) << "The " << what_ << " module data has trailing bytes: not a module "
+                                << "written by TVM 0.27's " << what_ << " code generator";
+    }
+  }
 
  private:
   uint8_t Byte(size_t i) const { return static_cast<uint8_t>(data_[i]); }

@@ -8,6 +8,8 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +22,12 @@ namespace gpu {
 inline bool EnvFlag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+/*! \brief ``s`` in ASCII lower case (environment choices and name filters are case-insensitive). */
+inline std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
 }
 
 /*! \brief ``s`` as the inside of a JSON string. */
