@@ -119,6 +119,9 @@ class TuningMeta:
     # CPU kernels were tuned with their constant weights layout-free (see _prepare_passes); directories
     # made before this existed were not, and stay usable as they were made
     weight_prepack: bool = False
+    # host CPU candidates were timed with their weights flushed from the cache before every run, as
+    # they are in the model (read once per inference); older directories timed them cache-warm
+    cold_weights: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -658,12 +661,17 @@ def connect_forwarded(port: int, key: str, session_timeout: float, _rpc_config):
     return rpc.connect("127.0.0.1", port, key=key, session_timeout=session_timeout)
 
 
-def _evaluator_config(remote: bool):
+def _evaluator_config(remote: bool, cold_weights: bool = False):
     from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
 
     # remote devices (and emulated ones) are slow: fewer repetitions, the same minimum run time
     if remote:
         return EvaluatorConfig(number=1, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
+    if cold_weights:
+        # every timed run starts with all arguments but the first (the input activation, which the
+        # previous kernel has just written) flushed from the cache: kernels timed warm, weights and
+        # all, were ~20% faster alone than inside the model, and the search picked for the wrong case
+        return EvaluatorConfig(number=1, repeat=16, min_repeat_ms=0, enable_cpu_cache_flush=True)
     return EvaluatorConfig(number=3, repeat=3, min_repeat_ms=40, enable_cpu_cache_flush=False)
 
 
@@ -675,7 +683,7 @@ class _Measurer:
     close: Callable[[], None] = lambda: None
 
 
-def _host_measurer(profile, say: Log) -> _Measurer:
+def _host_measurer(profile, say: Log, cold_weights: bool = False) -> _Measurer:
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
     from tvm.s_tir.meta_schedule.runner import LocalRunner
 
@@ -687,7 +695,7 @@ def _host_measurer(profile, say: Log) -> _Measurer:
     say("Measuring on this machine")
     builder = LocalBuilder(max_workers=max(1, os.cpu_count() or 1), timeout_sec=BUILDER_TIMEOUT_S,
                            f_build=build_candidate)
-    runner = LocalRunner(timeout_sec=60.0, evaluator_config=_evaluator_config(remote=False))
+    runner = LocalRunner(timeout_sec=60.0, evaluator_config=_evaluator_config(remote=False, cold_weights=cold_weights))
     return _Measurer(builder, runner, "host")
 
 
@@ -798,9 +806,10 @@ def _host_opencl_measurer(session_timeout: float, say: Log) -> _Measurer:
     return _Measurer(builder, runner, HOST_OPENCL, server.stop)
 
 
-def _measurer(profile, on: str, inventory_path: Path | None, session_timeout: float, say: Log) -> _Measurer:
+def _measurer(profile, on: str, inventory_path: Path | None, session_timeout: float, say: Log,
+              cold_weights: bool = False) -> _Measurer:
     if on == "host":
-        return _host_measurer(profile, say)
+        return _host_measurer(profile, say, cold_weights)
     if on == HOST_OPENCL:
         return _host_opencl_measurer(session_timeout, say)
     from edgepack.remote.inventory import load_inventory
@@ -1224,7 +1233,7 @@ def _tuning_target(profile, num_cores: int | None, on: str = "host"):
     return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
 
-def _meta_for(imported, profile, tuning_target) -> TuningMeta:
+def _meta_for(imported, profile, tuning_target, on: str = "host") -> TuningMeta:
     tvm_version, ffi_version = _versions()
     return TuningMeta(
         model_name=imported.info.path.name,
@@ -1239,6 +1248,7 @@ def _meta_for(imported, profile, tuning_target) -> TuningMeta:
         edgepack_version=__version__,
         created=_now(),
         weight_prepack=not _is_gpu(tuning_target),
+        cold_weights=on == "host" and not _is_gpu(tuning_target),
     )
 
 
@@ -1290,7 +1300,9 @@ def _load_known(database, tasks: list[TuningTask]) -> dict[str, list[tuple[Any, 
     by_workload: dict[str, list] = {}
     cache: dict[int, str] = {}
     for record in database.get_all_tuning_records():
-        key = id(record.workload)
+        # keyed by the C++ object, which the database keeps alive: id() of the short-lived Python
+        # wrapper is reused, and gave records to the wrong kernel (which then measured them again)
+        key = record.workload.__chandle__()
         workload = cache.get(key)
         if workload is None:
             workload = cache[key] = str(tvm_ffi.structural_hash(record.workload.mod))
@@ -1412,14 +1424,15 @@ def tune_model(
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes)
     tuning_target = _tuning_target(profile, num_cores, on)
-    meta = _meta_for(imported, profile, tuning_target)
+    meta = _meta_for(imported, profile, tuning_target, on)
     if existing is not None:
         _check_meta(existing, model_sha256=meta.model_sha256, inputs=list(meta.inputs), target=meta.target,
                     directory=directory, action="resume tuning")
 
     say("Extracting the tuning tasks")
     if existing is not None:
-        meta = replace(meta, weight_prepack=existing.weight_prepack)  # resume the directory as it was made
+        # resume the directory as it was made
+        meta = replace(meta, weight_prepack=existing.weight_prepack, cold_weights=existing.cold_weights)
     tasks, extracted = extract_tasks(imported, tuning_target, weight_prepack=meta.weight_prepack)
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")
@@ -1442,14 +1455,15 @@ def tune_model(
             trials_per_batch=trials_per_batch, only=tuple(only or ()),
             inventory=Path(inventory) if inventory else None,
             session_timeout=session_timeout, seed=seed, progress=progress, say=say, logger=ms_logger,
-            started=started, repaired=repaired,
+            started=started, repaired=repaired, cold_weights=meta.cold_weights,
         )
 
 
 def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[TuningTask], extracted, *, on: str,
                 trials: int, time_budget_s: float | None, max_trials_per_task: int | None, trials_per_batch: int,
                 only: tuple[str, ...], inventory: Path | None, session_timeout: float, seed: int | None, progress: Progress | None,
-                say: Log, logger: logging.Logger, started: float, repaired: tuple[str, ...]) -> TuningResult:
+                say: Log, logger: logging.Logger, started: float, repaired: tuple[str, ...],
+                cold_weights: bool = False) -> TuningResult:
     from tvm.s_tir.meta_schedule import TuneContext
     from tvm.s_tir.meta_schedule.cost_model import CostModel
     from tvm.s_tir.meta_schedule.database import JSONDatabase
@@ -1514,7 +1528,7 @@ def _run_tuning(directory: Path, profile, imported, tuning_target, tasks: list[T
         report(snapshot(0))
         return finish("nothing to do", 0, 0)
 
-    measurer = _measurer(profile, on, inventory, session_timeout, say)
+    measurer = _measurer(profile, on, inventory, session_timeout, say, cold_weights)
     try:
         say(f"Reading {trials_before} records")
         database = JSONDatabase(path_workload=str(directory / WORKLOAD_FILE),

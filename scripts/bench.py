@@ -293,7 +293,8 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
         Row(name, "edgepack tuned", statistics.median(samples["edgepack tuned"]), samples["edgepack tuned"],
             compile_s=tuned_compile, tuning_s=summary.seconds, trials=summary.trials,
             tuned_tasks=f"{summary.tuned_tasks}/{len(summary.tasks)}"
-                        + (", prepacked weights" if summary.meta.weight_prepack else ""),
+                        + (", prepacked weights" if summary.meta.weight_prepack else "")
+                        + (", cold-weight timing" if summary.meta.cold_weights else ""),
             model_bytes=tuned.device_library.stat().st_size, runtime_bytes=tvm_bytes),
         Row(name, reference_name, reference_median, samples[reference_name],
             model_bytes=test_model.path.stat().st_size,
@@ -381,8 +382,11 @@ Runtime: `libtvm_runtime.so` + `libtvm_ffi.so`; `libonnxruntime.so`; LiteRT's na
 
 Versions: {meta['versions']}.
 """
+    # the notes under the table ("## ..." sections, written by people) survive a rerun
+    old = path.read_text() if path.exists() else ""
+    notes = old[old.index("\n## ") + 1:] if "\n## " in old else ""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(text + ("\n" + notes if notes else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,8 +442,14 @@ def main(argv: list[str] | None = None) -> int:
                    "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                    "profile_note": note, "target": f"`{target}`", "versions": versions}
     print_table(rows, meta)
-    command = "python scripts/bench.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:])
-                                                    if not a.startswith("--markdown") and a != str(args.markdown))
+    # the command that reproduces the table, without where this run wrote its outputs
+    given = list(argv if argv is not None else sys.argv[1:])
+    shown = []
+    for i, arg in enumerate(given):
+        if arg.startswith(("--markdown", "--json")) or (i and given[i - 1] in ("--markdown", "--json")):
+            continue
+        shown.append(arg)
+    command = "python scripts/bench.py " + " ".join(shown)
     if args.markdown:
         write_markdown(args.markdown, rows, meta, command.strip())
         say(f"Wrote {args.markdown}")

@@ -126,6 +126,40 @@ def test_best_records_copy(tmp_path):
     assert (tmp_path / "best" / WORKLOAD_FILE).read_text() == '["111","AAAA"]\n'
 
 
+def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
+    """Records of two kernels in one database: each kernel's plan gets exactly its own (a resumed run
+    must not measure a recorded schedule again, nor warm-start one kernel's cost model on another's)."""
+    import tvm
+    import tvm_ffi
+    from tvm import te
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+    from tvm.target import Target
+
+    from edgepack.tuning import TuningTask, _load_known, _schedule_hash
+
+    def kernel(n: int):
+        a = te.placeholder((n,), name="a")
+        return tvm.IRModule({"main": te.create_prim_func([a, te.compute((n,), lambda i: a[i] * 2.0)])})
+
+    database = JSONDatabase(path_workload=str(tmp_path / "w.json"), path_tuning_record=str(tmp_path / "r.json"))
+    target = Target("llvm")
+    expected = {}
+    for n, factors in ((64, (2, 4, 8, 16, 32)), (128, (4, 16, 2, 8, 64)), (256, (8, 32, 2, 4))):
+        mod = kernel(n)
+        workload = database.commit_workload(mod)
+        for factor in factors:
+            sch = Schedule(mod)
+            sch.split(sch.get_loops(sch.get_sblock("compute"))[0], [None, factor])
+            database.commit_tuning_record(TuningRecord(sch.trace, workload, [1e-6 * factor], target,
+                                                       ArgInfo.from_prim_func(mod["main"])))
+            expected.setdefault(str(tvm_ffi.structural_hash(mod)), set()).add(_schedule_hash(mod, sch.trace)[0])
+    reopened = JSONDatabase(path_workload=str(tmp_path / "w.json"), path_tuning_record=str(tmp_path / "r.json"))
+    known = _load_known(reopened, [TuningTask(f"t{i}", w, 1, 0.0) for i, w in enumerate(expected)])
+    assert {w: {digest for _r, _s, digest, _sch in entries} for w, entries in known.items()} == expected
+
+
 def test_not_a_tuning_directory(tmp_path):
     with pytest.raises(TuningError, match="is not a tuning directory"):
         load_tuning(tmp_path)
@@ -279,6 +313,8 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     assert (out / RECORD_FILE).read_bytes() == before
 
     summary = load_tuning(out)
+    # a new host directory: weights layout-free while tuning, and timed out of the cache as in the model
+    assert summary.meta.weight_prepack and summary.meta.cold_weights
     tuned = [t for t in summary.tasks if t.trials]
     assert sorted(t.name.split("_")[1] for t in tuned) == ["conv2d36", "conv2d40"]
     assert all(t.best_seconds for t in tuned)
