@@ -670,7 +670,7 @@ def _evaluator_config(remote: bool, cold_weights: bool = False):
     if cold_weights:
         # every timed run starts with all arguments but the first (the input activation, which the
         # previous kernel has just written) flushed from the cache: kernels timed warm, weights and
-        # all, were ~20% faster alone than inside the model, and the search picked for the wrong case
+        # all, ran ~20% slower inside the model than their timings said
         return EvaluatorConfig(number=1, repeat=16, min_repeat_ms=0, enable_cpu_cache_flush=True)
     return EvaluatorConfig(number=3, repeat=3, min_repeat_ms=40, enable_cpu_cache_flush=False)
 
@@ -859,18 +859,19 @@ class _Control:
         return self.stopped_by_time
 
 
-def _schedule_hash(workload_mod, trace):
-    """(hash, schedule) of a trace replayed on its kernel: the one key for candidates and records.
-
-    Hashing a candidate's own module is not enough: it can differ from what its recorded trace replays
-    to, and a resumed run would then measure a recorded schedule again.
-    """
+def _schedule_hash(mod) -> int:
     import tvm_ffi
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
+def _replay(workload_mod, trace):
+    """A record's schedule: its trace (postprocessing included) replayed on its kernel."""
     from tvm.s_tir import Schedule
 
     sch = Schedule(workload_mod)
     trace.apply_to_schedule(sch, remove_postproc=False)
-    return int(tvm_ffi.structural_hash(sch.mod)), sch
+    return sch
 
 
 def _resumable_strategy_class():
@@ -894,7 +895,6 @@ def _resumable_strategy_class():
             self._pending: tuple[list, list] = ([], [])
 
         def _initialize_with_tune_context(self, context) -> None:
-            self.workload_mod = context.mod
             self.inner._initialize_with_tune_context(context)
 
         def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
@@ -920,7 +920,7 @@ def _resumable_strategy_class():
                     return None
                 fresh, fresh_hashes, known, known_results = [], [], [], []
                 for candidate in candidates:
-                    digest = _schedule_hash(self.workload_mod, candidate.sch.trace)[0]
+                    digest = _schedule_hash(candidate.sch.mod)
                     if digest in plan.known or digest in fresh_hashes:
                         run_secs = plan.known.get(digest)
                         known.append(candidate)
@@ -950,9 +950,7 @@ def _resumable_strategy_class():
             self.plan.left -= len(measure_candidates)
 
         def clone(self):
-            twin = ResumableSearch(self.inner.clone(), self.plan, self.control)
-            twin.workload_mod = getattr(self, "workload_mod", None)
-            return twin
+            return ResumableSearch(self.inner.clone(), self.plan, self.control)
 
     return ResumableSearch
 
@@ -1312,7 +1310,8 @@ def _load_known(database, tasks: list[TuningTask]) -> dict[str, list[tuple[Any, 
         if run_secs and sum(run_secs) / len(run_secs) >= FAILED_SECONDS:
             run_secs = None
         try:
-            digest, sch = _schedule_hash(record.workload.mod, record.trace)
+            sch = _replay(record.workload.mod, record.trace)
+            digest = _schedule_hash(sch.mod)
         except Exception:  # noqa: BLE001 - a record that no longer applies is still a finished trial
             digest = -1
             sch = None

@@ -137,7 +137,7 @@ def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
     from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
     from tvm.target import Target
 
-    from edgepack.tuning import TuningTask, _load_known, _schedule_hash
+    from edgepack.tuning import TuningTask, _load_known, _replay, _schedule_hash
 
     def kernel(n: int):
         a = te.placeholder((n,), name="a")
@@ -154,7 +154,8 @@ def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
             sch.split(sch.get_loops(sch.get_sblock("compute"))[0], [None, factor])
             database.commit_tuning_record(TuningRecord(sch.trace, workload, [1e-6 * factor], target,
                                                        ArgInfo.from_prim_func(mod["main"])))
-            expected.setdefault(str(tvm_ffi.structural_hash(mod)), set()).add(_schedule_hash(mod, sch.trace)[0])
+            expected.setdefault(str(tvm_ffi.structural_hash(mod)), set()).add(
+                _schedule_hash(_replay(mod, sch.trace).mod))
     reopened = JSONDatabase(path_workload=str(tmp_path / "w.json"), path_tuning_record=str(tmp_path / "r.json"))
     known = _load_known(reopened, [TuningTask(f"t{i}", w, 1, 0.0) for i, w in enumerate(expected)])
     assert {w: {digest for _r, _s, digest, _sch in entries} for w, entries in known.items()} == expected
