@@ -61,13 +61,7 @@ def sources_digest(name: str) -> str:
     CMake code it shares with the TVM runtime build (``runtimes/cmake``)."""
     from edgepack import native
 
-    h = hashlib.sha256()
-    for root in (native.runtimes_dir() / name, native.runtimes_dir() / "gpu-common", native.runtimes_dir() / "cmake"):
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".h", ".cc", ".txt", ".cmake")
-                           and "tests" not in p.relative_to(root).parts):
-            h.update(f"{root.name}/{path.relative_to(root)}".encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
+    return native.sources_digest((name, "gpu-common", "cmake"), (".h", ".cc", ".txt", ".cmake"))
 
 
 def host_compilers() -> tuple[str, str]:

@@ -232,16 +232,22 @@ def _compiler_identity(cc: str) -> dict[str, str]:
     return {"path": path, "version": (version.splitlines() or [""])[0], "machine": machine.strip()}
 
 
-def _sources_digest() -> str:
-    """Our build inputs: editing the CMake file or a compat header must give a new cache entry
-    (documentation and the compat self-test do not)."""
+def sources_digest(subdirs: Sequence[str], suffixes: Sequence[str]) -> str:
+    """A cache key for what a build reads from ``runtimes/<subdir>``: every file with one of
+    ``suffixes``, outside ``tests/`` (documentation and self-tests do not change what is built)."""
     root = runtimes_dir()
     h = hashlib.sha256()
-    for base in (root / "tvm-runtime", root / "tvm-compat", root / "cmake"):  # cmake: shared with the GPU plug-ins
-        for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in (".h", ".txt", ".cmake")):
+    for base in (root / d for d in subdirs):
+        for path in sorted(p for p in base.rglob("*") if p.is_file() and p.suffix in suffixes
+                           and "tests" not in p.relative_to(base).parts):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def _sources_digest() -> str:
+    # cmake: shared with the GPU plug-ins
+    return sources_digest(("tvm-runtime", "tvm-compat", "cmake"), (".h", ".txt", ".cmake"))
 
 
 @contextmanager
