@@ -878,6 +878,83 @@ class Dropout(OnnxOpConverter):
 # --- arithmetic ----------------------------------------------------------------------------------
 
 
+@register("Clip")
+class Clip(OnnxOpConverter):
+    """Clip with constant bounds as Relax ``maximum``/``minimum`` against scalars.
+
+    TVM's converter emits TE calls, which Relax passes cannot see through: ``ConvertLayout`` then
+    wraps every ReLU6 in a pair of transposes. NaN bounds mean "unbounded", as in ONNX Runtime.
+    Bounds computed at run time keep TVM's converter.
+    """
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return cls._clip(bb, inputs[0], attr.get("min"), attr.get("max"), attr, params, inputs, 1)
+
+    @classmethod
+    def _impl_v11(cls, bb, inputs, attr, params):
+        bounds = [None if x is None else _constant_of(x) for x in (list(inputs) + [None, None])[1:3]]
+        if any(x is not None and b is None for x, b in zip(list(inputs)[1:3], bounds)):
+            return _tvm.Clip.get_converter(13)(bb, inputs, attr, params)
+        return cls._clip(bb, inputs[0], *bounds, attr, params, inputs, 13)
+
+    @classmethod
+    def _clip(cls, bb, x, lo, hi, attr, params, inputs, version):
+        dtype = _dtype(x)
+        result = x
+        for bound, op in ((lo, relax.op.maximum), (hi, relax.op.minimum)):
+            if bound is None or _np.isnan(float(bound)):
+                continue
+            result = bb.normalize(op(result, relax.const(_np.asarray(bound).astype(dtype), dtype)))
+        return result
+
+
+class _PairwiseVariadic(OnnxOpConverter):
+    """Sum/Mean/Min/Max folded pairwise with broadcasting binary ops.
+
+    TVM's converter broadcasts every input to the common shape, stacks them into a new tensor and
+    reduces over it: extra copies of the data, and a residual ``Sum`` cannot fuse into the
+    convolution before it (in resnet50-light those kernels took about 8% of the model's time).
+    Constant inputs keep TVM's converter (it folds them).
+    """
+
+    tvm_converter: type
+    binary = staticmethod(relax.op.add)
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        if all(_constant_of(x) is not None for x in inputs):
+            return cls.tvm_converter.get_converter(13)(bb, inputs, attr, params)
+        result = inputs[0]
+        for rhs in inputs[1:]:
+            result = bb.normalize(cls.binary(result, rhs))
+        if cls.tvm_converter is _tvm.Mean and len(inputs) > 1:
+            result = relax.op.divide(result, relax.const(len(inputs), _dtype(result)))
+        return result
+
+
+@register("Sum")
+class Sum(_PairwiseVariadic):
+    tvm_converter = _tvm.Sum
+
+
+@register("Mean")
+class Mean(_PairwiseVariadic):
+    tvm_converter = _tvm.Mean
+
+
+@register("Min")
+class Min(_PairwiseVariadic):
+    tvm_converter = _tvm.Min
+    binary = staticmethod(relax.op.minimum)
+
+
+@register("Max")
+class Max(_PairwiseVariadic):
+    tvm_converter = _tvm.Max
+    binary = staticmethod(relax.op.maximum)
+
+
 @register("Pow")
 class Pow(OnnxOpConverter):
     """ONNX Pow allows an exponent of another type than the base (the result has the base's type);

@@ -122,6 +122,8 @@ class TuningMeta:
     # host CPU candidates were timed with their weights flushed from the cache before every run, as
     # they are in the model (read once per inference); older directories timed them cache-warm
     cold_weights: bool = False
+    # CPU convolutions were tuned channels-last (NHWC), see _prepare_passes; older directories NCHW
+    channels_last: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -524,12 +526,18 @@ def _cpu_pipeline():
     return pipeline
 
 
-def _prepare_passes(target, weight_prepack: bool = False):
+def _prepare_passes(target, weight_prepack: bool = False, channels_last: bool = False):
     """Relax passes up to fused TIR kernels: the same for task extraction and for applying records.
 
     ``weight_prepack``: the weights are constants, so the CPU kernels mark them layout-free;
     MetaSchedule may then pick a weight layout that suits its loop nest (``RewriteLayout``), and
     the rewrite is done once at compile time (``_weight_prepack_passes``), not on every inference.
+    ``channels_last``: convolutions (and the elementwise and pooling operators between them) work on
+    NHWC activations, the model's NCHW input and output transposed once at its ends. Channels are
+    the axis SIMD lanes fill best: a depthwise or strided convolution in NCHW vectorizes along a row
+    of 7-112 pixels (strided loads for stride 2), in NHWC along 16-1280 contiguous channels
+    (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
+    0.40 ms in NCHW).
     """
     from tvm import relax
 
@@ -539,7 +547,8 @@ def _prepare_passes(target, weight_prepack: bool = False):
         return tuning_passes(target)
     cpu = _cpu_pipeline()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if weight_prepack else []
-    return [*cpu.library_dispatch_passes(target), *cpu.legalize_passes(target), *prepack]
+    layout = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})] if channels_last else []
+    return [*layout, *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target), *prepack]
 
 
 def _weight_prepack_passes():
@@ -555,20 +564,21 @@ def _is_gpu(target) -> bool:
     return str(target.kind.name) == "opencl"
 
 
-def _fused_module(imported, target, weight_prepack: bool):
+def _fused_module(imported, target, weight_prepack: bool, channels_last: bool):
     import tvm
 
     with target:
-        return tvm.transform.Sequential(_prepare_passes(target, weight_prepack))(imported.mod)
+        return tvm.transform.Sequential(_prepare_passes(target, weight_prepack, channels_last))(imported.mod)
 
 
-def extract_tasks(imported, target, *, weight_prepack: bool = False) -> tuple[list[TuningTask], list[Any]]:
+def extract_tasks(imported, target, *, weight_prepack: bool = False,
+                  channels_last: bool = False) -> tuple[list[TuningTask], list[Any]]:
     """The model's tuning tasks and MetaSchedule's ExtractedTask objects, in a stable order."""
     import tvm_ffi
     from tvm.s_tir.analysis import estimate_tir_flops
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extract
 
-    extracted = [t for t in ms_extract(_fused_module(imported, target, weight_prepack), target)
+    extracted = [t for t in ms_extract(_fused_module(imported, target, weight_prepack, channels_last), target)
                  if not t.mod.attrs or not t.mod.attrs.get("tirx.is_scheduled", False)]
     tasks = []
     for task in extracted:
@@ -1247,6 +1257,7 @@ def _meta_for(imported, profile, tuning_target, on: str = "host") -> TuningMeta:
         created=_now(),
         weight_prepack=not _is_gpu(tuning_target),
         cold_weights=on == "host" and not _is_gpu(tuning_target),
+        channels_last=not _is_gpu(tuning_target),
     )
 
 
@@ -1431,8 +1442,10 @@ def tune_model(
     say("Extracting the tuning tasks")
     if existing is not None:
         # resume the directory as it was made
-        meta = replace(meta, weight_prepack=existing.weight_prepack, cold_weights=existing.cold_weights)
-    tasks, extracted = extract_tasks(imported, tuning_target, weight_prepack=meta.weight_prepack)
+        meta = replace(meta, weight_prepack=existing.weight_prepack, cold_weights=existing.cold_weights,
+                       channels_last=existing.channels_last)
+    tasks, extracted = extract_tasks(imported, tuning_target, weight_prepack=meta.weight_prepack,
+                                     channels_last=meta.channels_last)
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")
     if existing is not None:
@@ -1701,7 +1714,7 @@ def check_tuning(tuning_dir: Path | str, imported, target) -> TuningSummary:
 
 
 def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = None, *,
-                   weight_prepack: bool = False):
+                   weight_prepack: bool = False, channels_last: bool = False):
     """The default Relax pipeline for a CPU target, with the best record of each kernel applied.
 
     Same passes as TVM's CPU default pipeline (dispatch, legalize + fuse, lower, finalize) with
@@ -1728,7 +1741,7 @@ def tuned_pipeline(tuning_dir: Path | str, target, workloads: set[str] | None = 
     def _pipeline(mod, _ctx):
         with target, database:
             seq = tvm.transform.Sequential([
-                *_prepare_passes(target, weight_prepack),
+                *_prepare_passes(target, weight_prepack, channels_last),
                 relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
                 *(_weight_prepack_passes() if weight_prepack else []),
                 *cpu.dataflow_lower_passes(target),
@@ -1749,7 +1762,8 @@ def apply_tuning(imported, target, tuning_dir: Path | str) -> AppliedTuning:
                           "Compile this profile without --tuning.")
     summary = check_tuning(tuning_dir, imported, target)
     tuned = {t.workload for t in summary.tasks if t.best_seconds is not None}
-    pipeline = tuned_pipeline(tuning_dir, target, tuned, weight_prepack=summary.meta.weight_prepack)
+    pipeline = tuned_pipeline(tuning_dir, target, tuned, weight_prepack=summary.meta.weight_prepack,
+                              channels_last=summary.meta.channels_last)
     return AppliedTuning(pipeline, summary, len(tuned), len(summary.tasks))
 
 

@@ -66,3 +66,31 @@ def test_resize_keeps_tvms_kernel_where_it_is_exact_and_matches_elsewhere(tmp_pa
         path = tmp_path / "m.onnx"
         text = import_model(path).mod.script()
         assert ("image.resize2d" in text) == want_tvm, text
+
+
+def test_residual_sum_and_relu6_fuse_into_the_convolution(tmp_path):
+    """ResNet's residual ``Sum`` and MobileNet's ReLU6 (``Clip``) become one kernel with the
+    convolution before them (no stacked copy of the inputs, no TE call Relax passes cannot see
+    through), in NCHW and channels-last, and match ONNX Runtime."""
+    import tvm
+
+    from edgepack.tuning import extract_tasks
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32), "W")
+    lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((0.0, "lo"), (6.0, "hi")))
+    nodes = [helper.make_node("Conv", ["X", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["c", "X"], ["s"]),
+             helper.make_node("Clip", ["s", "lo", "hi"], ["Y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [w, lo, hi])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = rng.normal(0, 3, (1, 8, 6, 6)).astype(np.float32)
+    actual, expected = _run_both(model, {"X": x}, tmp_path)
+    np.testing.assert_allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+
+    imported = import_model(tmp_path / "m.onnx")
+    for channels_last in (False, True):
+        tasks, _ = extract_tasks(imported, tvm.target.Target(HOST_TARGET), channels_last=channels_last)
+        names = [t.name for t in tasks if "transpose" not in t.name]
+        assert len(names) == 1 and all(op in names[0] for op in ("conv2d", "add", "maximum", "minimum")), names

@@ -161,6 +161,25 @@ def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
     assert {w: {digest for _r, _s, digest, _sch in entries} for w, entries in known.items()} == expected
 
 
+def test_cpu_kernels_are_tuned_channels_last(models):
+    """New CPU tuning directories tune NHWC convolutions: ReLU6, residual adds and pooling follow the
+    convolutions into NHWC, so only the model's input and its pooled features are transposed."""
+    import tvm
+
+    from edgepack.importers import import_model
+    from edgepack.tuning import extract_tasks
+
+    imported = import_model(models["mobilenetv2"].path)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    tasks, extracted = extract_tasks(imported, target, weight_prepack=True, channels_last=True)
+    convs = [t.dispatched[0].script() for t in extracted if "conv2d" in str(t.task_name)]
+    assert len(convs) == 30  # 20 pointwise and full convolutions, 10 depthwise
+    assert all('sblock("conv2d_nhwc")' in c or 'sblock("group_conv2d_nhwc")' in c for c in convs)
+    transposes = [t.name for t in tasks if "transpose" in t.name]
+    assert len(transposes) <= 2, transposes
+    assert any("maximum" in t.name and "minimum" in t.name and "conv2d" in t.name for t in tasks)
+
+
 def test_not_a_tuning_directory(tmp_path):
     with pytest.raises(TuningError, match="is not a tuning directory"):
         load_tuning(tmp_path)
@@ -314,8 +333,8 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     assert (out / RECORD_FILE).read_bytes() == before
 
     summary = load_tuning(out)
-    # a new host directory: weights layout-free while tuning, and timed out of the cache as in the model
-    assert summary.meta.weight_prepack and summary.meta.cold_weights
+    # a new host directory: weights layout-free while tuning, timed out of the cache as in the model, NHWC
+    assert summary.meta.weight_prepack and summary.meta.cold_weights and summary.meta.channels_last
     tuned = [t for t in summary.tasks if t.trials]
     assert sorted(t.name.split("_")[1] for t in tuned) == ["conv2d36", "conv2d40"]
     assert all(t.best_seconds for t in tuned)
