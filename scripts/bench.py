@@ -294,7 +294,8 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
             compile_s=tuned_compile, tuning_s=summary.seconds, trials=summary.trials,
             tuned_tasks=f"{summary.tuned_tasks}/{len(summary.tasks)}"
                         + (", prepacked weights" if summary.meta.weight_prepack else "")
-                        + (", cold-weight timing" if summary.meta.cold_weights else ""),
+                        + (", cold-weight timing" if summary.meta.cold_weights else "")
+                        + (", NHWC" if summary.meta.channels_last else ""),
             model_bytes=tuned.device_library.stat().st_size, runtime_bytes=tvm_bytes),
         Row(name, reference_name, reference_median, samples[reference_name],
             model_bytes=test_model.path.stat().st_size,
@@ -373,7 +374,9 @@ target {meta['target']}{' (' + meta['profile_note'] + ')' if meta['profile_note'
 wall-clock time of `edgepack tune` (all runs of the tuning directory); compile time includes importing the model.
 "Prepacked weights": the tuning directory let MetaSchedule choose each convolution's weight layout, and the
 compile rewrote the constant weights into it once (tuning directories made before edgepack did this keep
-the model's weight layout).
+the model's weight layout). "Cold-weight timing": candidates were timed with their weights flushed from the
+cache, as they are in the model. "NHWC": convolutions were tuned and compiled channels-last (older
+directories: the model's NCHW).
 Model library: the stripped `device/model.so` of the build, or the model file for ONNX Runtime/LiteRT.
 Runtime: `libtvm_runtime.so` + `libtvm_ffi.so`; `libonnxruntime.so`; LiteRT's native libraries
 (`libpywrap_litert_common.so` + interpreter wrapper) as shipped in their Python wheels.
