@@ -914,7 +914,7 @@ class _PairwiseVariadic(OnnxOpConverter):
 
     TVM's converter broadcasts every input to the common shape, stacks them into a new tensor and
     reduces over it: extra copies of the data, and a residual ``Sum`` cannot fuse into the
-    convolution before it (in resnet50-light those kernels took about 8% of the model's time).
+    convolution before it (in resnet50-light those kernels took about 7% of the model's time).
     Constant inputs keep TVM's converter (it folds them).
     """
 
