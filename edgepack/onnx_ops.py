@@ -889,17 +889,18 @@ class Clip(OnnxOpConverter):
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
-        return cls._clip(bb, inputs[0], attr.get("min"), attr.get("max"), attr, params, inputs, 1)
+        return cls._clip(bb, inputs[0], attr.get("min"), attr.get("max"))
 
     @classmethod
     def _impl_v11(cls, bb, inputs, attr, params):
-        bounds = [None if x is None else _constant_of(x) for x in (list(inputs) + [None, None])[1:3]]
-        if any(x is not None and b is None for x, b in zip(list(inputs)[1:3], bounds)):
+        given = (list(inputs) + [None, None])[1:3]
+        bounds = [None if x is None else _constant_of(x) for x in given]
+        if any(x is not None and b is None for x, b in zip(given, bounds)):
             return _tvm.Clip.get_converter(13)(bb, inputs, attr, params)
-        return cls._clip(bb, inputs[0], *bounds, attr, params, inputs, 13)
+        return cls._clip(bb, inputs[0], *bounds)
 
-    @classmethod
-    def _clip(cls, bb, x, lo, hi, attr, params, inputs, version):
+    @staticmethod
+    def _clip(bb, x, lo, hi):
         dtype = _dtype(x)
         result = x
         for bound, op in ((lo, relax.op.maximum), (hi, relax.op.minimum)):
