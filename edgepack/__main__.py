@@ -1,3 +1,3 @@
-from edgepack.cli import main
+from edgepack.cli.main import main
 
 main()

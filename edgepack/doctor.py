@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from edgepack.backends import backends
 from edgepack.errors import EdgepackError
 from edgepack.profiles import get_profile, list_profiles
-from edgepack.toolchain import find_compilers, tool_version
-
-PINNED = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
+from edgepack.toolchain.compilers import find_compilers, tool_version
+from edgepack.versions import PINNED_PACKAGES, installed_version
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,10 @@ def short_version(line: str) -> str:
 
 
 def _package(name: str, purpose: str, required: bool = False) -> Check:
-    try:
-        found = version(name)
-    except PackageNotFoundError:
+    found = installed_version(name)
+    if found is None:
         return Check(name, False, "not installed", purpose, f"pip install {name}", required)
-    pinned = PINNED.get(name)
+    pinned = PINNED_PACKAGES.get(name)
     if pinned and found != pinned:
         return Check(name, False, f"{found}, needs {pinned}", purpose, f"pip install {name}=={pinned}", required)
     return Check(name, True, found, purpose, required=required)
@@ -62,18 +60,14 @@ def _binfmt() -> Check:
                  "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc && update-binfmts --enable qemu-aarch64")
 
 
-def _opencl() -> Check:
-    from edgepack.opencl import host_opencl_status
-
-    ok, found, hint = host_opencl_status()
-    return Check("OpenCL device", ok, found, "validate --on host-opencl (GPU profiles)", "" if ok else hint)
-
-
-def _vulkan() -> Check:
-    from edgepack.vulkan import host_vulkan_status
-
-    ok, found, hint = host_vulkan_status()
-    return Check("Vulkan driver", ok, found, "validate --on host-vulkan (Vulkan profiles)", "" if ok else hint)
+def _backend_checks() -> list[Check]:
+    """What each backend needs on this machine (a GPU driver for host-opencl / host-vulkan)."""
+    found = []
+    for backend in backends().values():
+        check = backend.doctor_check()
+        if check is not None:
+            found.append(Check(check.name, check.ok, check.found, check.purpose, check.hint))
+    return found
 
 
 def _ndk() -> Check:
@@ -102,6 +96,6 @@ def run_checks() -> list[Check]:
     for qemu in dict.fromkeys(p.emulator.command[0] for p in emulated):
         users = [p for p in emulated if p.emulator.command[0] == qemu]
         checks.append(_tool(qemu, "runs " + ", ".join(p.name for p in users), users[0].emulator.apt_package))
-    checks += [_binfmt(), _opencl(), _vulkan(), _tool("cmake", "C bundles", "cmake"),
+    checks += [_binfmt(), *_backend_checks(), _tool("cmake", "C bundles", "cmake"),
                _tool("javac", "Java/JNI bindings", "openjdk-17-jdk-headless"), _ndk()]
     return checks

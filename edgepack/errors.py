@@ -49,3 +49,13 @@ class ValidationError(EdgepackError):
 
 class CompileError(EdgepackError):
     """TVM failed to build the model for the target."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The line of an exception's text that says what went wrong (TVM puts it last, after a C++ backtrace)."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line.strip()[:400]
+    return lines[0].strip()[:400] if lines else text

@@ -8,9 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.errors import EdgepackError
-from edgepack.importers import TensorSpec, file_sha256
+from edgepack.files import file_sha256
+from edgepack.tensors import TensorSpec
 
 MANIFEST_NAME = "manifest.json"
+# where a build directory keeps what (see edgepack.compiling)
+DEVICE_LIBRARY = "device/model.so"
+DEVICE_META = "device/model.meta"
+HOST_LIBRARY = "host/model.so"
+BUILD_TUNING = "tuning"  # the best records a tuned build was made with (later rebuilds reuse them)
 FORMAT_VERSION = 1
 
 

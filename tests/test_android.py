@@ -4,7 +4,7 @@ and compared with the reference; the AAR assembled from host libraries and check
 the CLI refusing to work without an NDK.
 
 What this cannot check: code built by the NDK, the bionic linker, Gradle, a device (see
-runtimes/android/README.md).
+runtimes/api/android/README.md).
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def test_java_errors_carry_the_native_message(tiny_build, stubs, host_jni, wheel
     lines = {line.split("|", 1)[0]: line.split("|", 2)[1:] for line in result.stdout.splitlines() if "|" in line}
     print(result.stdout)
     assert lines["ALIGNED"][0] == "true"
-    # messages are the C API's own (runtimes/c/src/edgepack.c), status names are its ep_status
+    # messages are the C API's own (runtimes/api/c/src/edgepack.c), status names are its ep_status
     assert lines["small-input"] == ["EP_ERR_SHAPE", "input 0 'x' needs 192 bytes (float32 [1,3,4,4]), got 40"]
     assert lines["heap-small-input"] == ["EP_ERR_SHAPE", "input 0 'x' needs 192 bytes (float32 [1,3,4,4]), got 20"]
     assert lines["small-output"] == ["EP_ERR_INVALID_ARGUMENT", "output 1 'z' needs a 12-byte buffer, got 8"]

@@ -95,7 +95,7 @@ def cls_build(models, build_cache) -> Path:
 
 def _library(env):
     """The library API with this module's inventory and known hosts."""
-    from edgepack.remote.inventory import load_inventory
+    from edgepack.devices.inventory import load_inventory
 
     return load_inventory(env["inventory"]), env["known_hosts"]
 
@@ -156,7 +156,7 @@ def test_add_trust_and_check(env, farm):
 
 def test_deploy_is_idempotent_and_the_server_listens_on_loopback_only(env, farm):
     from edgepack.remote.devices import deploy, endpoint_for, ensure_rpc_server
-    from edgepack.remote.ssh import connect
+    from edgepack.devices.ssh import connect
 
     inventory, known_hosts = _library(env)
     device = inventory.get("farm0")

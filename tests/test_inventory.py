@@ -1,6 +1,6 @@
 import pytest
 
-from edgepack.remote.inventory import Device, InventoryError, load_inventory
+from edgepack.devices.inventory import Device, InventoryError, load_inventory
 
 
 def test_round_trip_and_farm_grouping(tmp_path):

@@ -1,4 +1,4 @@
-"""Fast tests of edgepack.remote.ssh without the farm: quoting, known_hosts, strict host keys.
+"""Fast tests of edgepack.devices.ssh without the farm: quoting, known_hosts, strict host keys.
 
 The host key and authentication tests talk to a real SSH server: a small paramiko server on
 127.0.0.1 in a thread of this process, which runs commands with the local /bin/sh.

@@ -1,5 +1,5 @@
 """Vulkan GPUs: TVM's WGSL (webgpu target) run by wgpu-native on lavapipe (Mesa's Vulkan driver on
-this CPU) through edgepack's runtime module (runtimes/vulkan), with the real test models compiled
+this CPU) through edgepack's runtime module (runtimes/plugins/vulkan), with the real test models compiled
 for vulkan-generic / mali-g610-vulkan, plus the C API, C bundles and the CLI.
 """
 

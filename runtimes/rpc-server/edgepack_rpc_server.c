@@ -854,8 +854,8 @@ static int ep_run(void) {
 /* GPU runtime plug-ins                                                                       */
 
 /*
- * The official runtime has no GPU runtime; edgepack's are plug-ins (runtimes/opencl:
- * libtvm_opencl.so, runtimes/vulkan: libtvm_vulkan.so) whose static initialisers register their
+ * The official runtime has no GPU runtime; edgepack's are plug-ins (runtimes/plugins/opencl:
+ * libtvm_opencl.so, runtimes/plugins/vulkan: libtvm_vulkan.so) whose static initialisers register their
  * device API and module loader with tvm-ffi. Installed next to this program they are loaded at
  * start-up (as the C API loads them next to a model), so that clients see session.device("opencl")
  * and uploaded GPU candidates load: what tuning a Mali/Adreno profile needs. The variable of each

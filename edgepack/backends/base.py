@@ -1,0 +1,277 @@
+"""The Backend interface: everything that differs between running a model on a CPU, an OpenCL GPU or a
+Vulkan GPU, behind one class, and the registry that maps a profile's ``backend`` name to it.
+
+Code outside ``edgepack/backends/`` never compares backend names: it asks the profile's backend
+(``backend_for(profile)``) to build, to name its host device, to list the runtime files a bundle needs,
+and so on. Adding a backend is one module here that subclasses :class:`Backend` and calls
+:func:`register`, plus profile files that name it (``backend = "..."``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from edgepack.errors import EdgepackError, ProfileError
+from edgepack.frontends.types import ImportedModel
+from edgepack.manifest import BuildManifest
+from edgepack.profiles import Profile
+from edgepack.progress import Progress
+from edgepack.toolchain.compilers import Compilers
+
+
+@dataclass(frozen=True)
+class ScheduledFunction:
+    """One fused kernel function of a build and what scheduled it."""
+
+    name: str
+    # the rule that scheduled it (e.g. "gpu.Matmul", "cpu.Conv2D"), "tuned" (a tuning record),
+    # "pre-scheduled" (TVM's own), "own thread bindings" (a TOPI GPU kernel), or "none"
+    schedule: str
+    kernels: tuple[str, ...] = ()
+
+
+@dataclass
+class ScheduleReport:
+    """What the backend's pipeline did with each fused function of a model (manifest ``extra``)."""
+
+    target: str
+    pipeline: str
+    rules: tuple[str, ...]
+    functions: list[ScheduledFunction] = field(default_factory=list)
+
+    @property
+    def unscheduled(self) -> list[str]:
+        """Fused functions no schedule rule took."""
+        return [f.name for f in self.functions if f.schedule == "none"]
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for f in self.functions:
+            counts[f.schedule] = counts.get(f.schedule, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "pipeline": self.pipeline,
+            "rules": list(self.rules),
+            "num_functions": len(self.functions),
+            "schedules": self.counts(),
+            "unscheduled": self.unscheduled,
+            "functions": [{"name": f.name, "schedule": f.schedule, "kernels": list(f.kernels)}
+                          for f in self.functions],
+        }
+
+
+@dataclass(frozen=True)
+class Build:
+    """A model compiled for one target: TVM's executable and, where the backend keeps one, its report."""
+
+    executable: Any  # tvm.relax.VMExecutable
+    report: ScheduleReport | None = None
+
+
+@dataclass(frozen=True)
+class TuningRecords:
+    """Tuning records to apply in a build: MetaSchedule's database of the best record per kernel, and
+    the layout choices the records were tuned with (the kernels only match with the same ones)."""
+
+    database: Any  # tvm.s_tir.meta_schedule.database.Database
+    weight_prepack: bool = False
+    channels_last: bool = False
+
+
+@dataclass(frozen=True)
+class TuningLayout:
+    """How a new tuning directory of a backend tunes: the layout choices and how candidates are timed."""
+
+    weight_prepack: bool = False  # kernels may pick their weight layout; weights are rewritten at compile time
+    channels_last: bool = False  # convolutions work on NHWC activations
+    cold_weights: bool = False  # candidates timed on this machine with their weights out of the cache
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One line of ``edgepack doctor`` that a backend contributes."""
+
+    name: str
+    ok: bool
+    found: str
+    purpose: str
+    hint: str = ""
+
+
+class Backend(ABC):
+    """What one kind of compute (CPU, OpenCL GPU, Vulkan GPU) needs from compile to deployment."""
+
+    #: The profile's ``backend`` value.
+    name: ClassVar[str]
+    #: For messages: "CPU", "OpenCL", "Vulkan (WGSL on wgpu-native)".
+    label: ClassVar[str]
+    #: What runs the kernels, in a sentence: "a CPU", "an OpenCL GPU".
+    device_noun: ClassVar[str] = "a CPU"
+    #: ``--on`` value that runs a build of this backend on this machine ("host", "host-opencl", ...).
+    host_place: ClassVar[str]
+    #: Whether ``package c`` makes a single-binary static runner for it.
+    static_bundle: ClassVar[bool] = True
+    #: Whether MetaSchedule can tune it.
+    tunable: ClassVar[bool] = False
+
+    # --- compiling -------------------------------------------------------------------------------
+
+    def preflight(self, profile: Profile, *, log: Progress | None = None) -> None:
+        """Fail early, before minutes of work, when something this backend needs for ``profile`` is missing."""
+
+    @abstractmethod
+    def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
+              records: TuningRecords | None = None) -> Build:
+        """Run the backend's Relax pipeline (with ``records`` applied) and generate code for ``target``."""
+
+    def host_target(self, profile: Profile) -> Any:
+        """The target of the build for this machine (``host/model.so``, used by host validation)."""
+        import tvm
+
+        return tvm.target.Target({"kind": "llvm"})
+
+    def host_records(self, records: TuningRecords | None) -> TuningRecords | None:
+        """The records that also apply to the host build (none: they were tuned for the device's CPU)."""
+        return None
+
+    def write_artifacts(self, root: Path, build: Build) -> dict[str, str]:
+        """Files of the device build besides the model library ({artifact name: path in ``root``})."""
+        return {}
+
+    def manifest_extra(self, build: Build) -> dict[str, Any]:
+        """What the build's manifest records for this backend (``extra``)."""
+        return {}
+
+    def summary_lines(self, manifest: BuildManifest) -> list[str]:
+        """Lines for the compile summary of a build of this backend."""
+        return []
+
+    def kernels(self, build_dir: Path, manifest: BuildManifest) -> list[Any]:
+        """The build's device kernels with their launch sizes (``inspect --kernels``)."""
+        raise EdgepackError(
+            f"{build_dir} has no GPU kernels: it was compiled for {manifest.profile_name} ({self.label}).",
+            "Kernels exist for GPU builds: compile with an OpenCL profile (mali-g610, adreno-6xx) or a Vulkan "
+            "profile (vulkan-generic, mali-g610-vulkan).",
+        )
+
+    def render_kernels(self, kernels: list[Any], *, with_source: bool = True) -> str:
+        return ""
+
+    # --- running ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def host_device(self, *, log: Progress | None = None) -> Any:
+        """The TVM device of this machine that runs ``host/model.so`` (loading runtime plug-ins first)."""
+
+    @abstractmethod
+    def remote_device(self, session: Any) -> Any:
+        """The device of a TVM RPC session (a board or phone) that runs the build's kernels."""
+
+    def run_error(self, exc: Exception, build_dir: Path, where: str) -> EdgepackError:
+        """A run of a build through TVM on ``where`` raised ``exc``: the error to show."""
+        return EdgepackError(f"Running {build_dir} on {where} failed: {str(exc).strip()}",
+                             "Check that the build was made for this device (`edgepack inspect`).")
+
+    def emulation_refusal(self, build_dir: Path, manifest: BuildManifest) -> EdgepackError | None:
+        """Why ``validate --on emulator`` cannot run this backend's builds, or None when it can."""
+        return None
+
+    # --- shipping --------------------------------------------------------------------------------
+
+    def runtime_files(self, triple: str, compilers: Compilers, *, static: bool = True,
+                      log: Progress | None = None) -> dict[str, Path]:
+        """Runtime files beyond TVM's own that a C bundle for ``triple`` carries ({``lib/...``: file})."""
+        return {}
+
+    def rpc_server_files(self, triple: str, compilers: Compilers, *, log: Progress | None = None) -> dict[str, Path]:
+        """Plug-ins the RPC server loads from its own directory ({file name: file})."""
+        return {}
+
+    def android_files(self, triple: str, cc: str, cxx: str, *, log: Progress | None = None) -> list[Path]:
+        """Libraries an AAR carries in each ABI's directory beyond TVM's runtime and the model."""
+        return []
+
+    # --- tuning ----------------------------------------------------------------------------------
+
+    def tuning_layout(self) -> TuningLayout:
+        return TuningLayout()
+
+    def tuning_target(self, profile: Profile, *, num_cores: int | None, here: bool) -> Any:
+        """The target tuning tasks are extracted and measured for (``here``: measured on this machine)."""
+        raise self.not_tunable(profile)
+
+    def tuning_place(self, profile: Profile) -> str | None:
+        """The ``--on`` value that measures this backend's kernels on this machine, if any."""
+        return None
+
+    def tuning_passes(self, target: Any, layout: TuningRecords | TuningLayout) -> list[Any]:
+        """Relax passes up to the fused, unscheduled TIR kernels that tuning tasks are made of."""
+        raise EdgepackError(f"{self.label} builds cannot be tuned.")
+
+    def search_spaces(self, target: Any) -> list[tuple[str, Any]]:
+        """MetaSchedule search spaces to try, in order, per tuning task: [(label, space generator)]."""
+        return [("default", "post-order-apply")]
+
+    def not_tunable(self, profile: Profile) -> EdgepackError:
+        return EdgepackError(
+            f"Tuning {self.label} profiles ({profile.name}) is not supported yet.",
+            "Tune a CPU profile (host, rpi3, rpi4, rpi5, android-arm64) or an OpenCL one (mali-g610, adreno-6xx).",
+        )
+
+    # --- doctor ----------------------------------------------------------------------------------
+
+    def doctor_check(self) -> DoctorCheck | None:
+        """What ``edgepack doctor`` reports for this backend on this machine."""
+        return None
+
+
+def target_dict(target: Any) -> dict[str, Any]:
+    """A TVM target as plain JSON values (what manifests and tuning directories record)."""
+    return _jsonable(target.export())
+
+
+def _jsonable(value: Any) -> Any:
+    """TVM containers (Array, Map, nested Target) as plain JSON values."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "export"):
+        return _jsonable(value.export())
+    if hasattr(value, "items"):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if hasattr(value, "__iter__"):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Make ``backend`` the one profiles name with ``backend = "<backend.name>"``."""
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ProfileError(f"No backend called {name!r}.",
+                           f"Known backends: {', '.join(sorted(_REGISTRY))}; fix the profile's `backend`.") from None
+
+
+def backends() -> Mapping[str, Backend]:
+    return dict(_REGISTRY)
+
+
+def backend_for(what: Profile | BuildManifest) -> Backend:
+    """The backend of a profile, or of the profile a build was made for."""
+    name = what.backend if isinstance(what, Profile) else what.profile.get("backend", "cpu")
+    return get_backend(name)

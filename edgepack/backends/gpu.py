@@ -1,0 +1,546 @@
+"""What the GPU backends (OpenCL, Vulkan) share: TVM's default GPU pipeline with every dlight schedule
+decision recorded and no silent CPU fallback, the kernels' launch sizes, the kernel files a build keeps,
+and loading a runtime plug-in (``runtimes/plugins/<name>``) into this process.
+
+A GPU backend subclasses :class:`GpuBackend` and says what is its own: the code generator's module kind,
+how its source splits into kernels, its plug-in, its devices, and how it phrases errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import re
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
+from edgepack.frontends.types import ImportedModel
+from edgepack.manifest import BuildManifest
+from edgepack.profiles import Profile
+from edgepack.progress import Progress
+from edgepack.toolchain.compilers import Compilers, HOST_TRIPLE
+from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target_plugin
+
+HOST_TARGET = {"kind": "llvm"}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One generated GPU kernel and how TVM's host code launches it."""
+
+    name: str
+    function: str  # the fused Relax-level function (TIR PrimFunc) it was generated from
+    arg_types: tuple[str, ...]  # "handle" for buffers, else the scalar dtype
+    launch_params: tuple[str, ...]  # e.g. ("blockIdx.x", "threadIdx.x")
+    grid: tuple[int | str, ...]  # work groups per dimension (x, y, z); str when shape-dependent
+    block: tuple[int | str, ...]  # work-group size per dimension (x, y, z)
+    source: str = ""
+
+    @property
+    def global_size(self) -> tuple[int | str, ...]:
+        return tuple(g * b if isinstance(g, int) and isinstance(b, int) else f"{g}*{b}"
+                     for g, b in zip(self.grid, self.block))
+
+    def to_dict(self, with_source: bool = True) -> dict[str, Any]:
+        data = asdict(self)
+        data["global_size"] = list(self.global_size)
+        for key in ("arg_types", "launch_params", "grid", "block"):
+            data[key] = list(data[key])
+        if not with_source:
+            data.pop("source")
+        return data
+
+
+@dataclass
+class GpuReport(ScheduleReport):
+    """What the GPU pipeline did with a model: schedules per fused function, and the kernels."""
+
+    kernels: list[Kernel] = field(default_factory=list)
+    memory: str = "buffers"  # no image/texture memory
+    details: dict[str, Any] = field(default_factory=dict)  # what else the backend records
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data.pop("unscheduled")
+        return data | {"memory": self.memory, "num_kernels": len(self.kernels),
+                       "cpu_fallback": self.unscheduled} | self.details
+
+
+def format_size(values: Sequence[int | str]) -> str:
+    """``(64, 1, 1)`` -> ``64x1x1``: launch sizes in ``inspect --kernels``."""
+    return "x".join(str(v) for v in values)
+
+
+# ----------------------------------------------------------------------------------------------
+# the GPU pipeline with its decisions recorded
+
+
+def _rule_name(rule) -> str:
+    module = type(rule).__module__
+    family = module.split(".dlight.")[-1].split(".")[0] if ".dlight." in module else module
+    return f"{family}.{type(rule).__name__}"
+
+
+def _recording_schedule_pass(rules: Sequence, record: dict[str, str]):
+    """TVM's dlight ``ApplyDefaultSchedule`` with the same rules, remembering which rule took what."""
+    import tvm
+    from tvm import tirx
+
+    @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
+    class RecordingApplyDefaultSchedule:
+        def transform_module(self, mod, _ctx):
+            updated = {}
+            for gvar, func in mod.functions_items():
+                if not isinstance(func, tirx.PrimFunc):
+                    continue
+                name = gvar.name_hint
+                if "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
+                    record.setdefault(name, "pre-scheduled")
+                    continue
+                target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
+                for rule in rules:
+                    try:
+                        space = rule.apply(func, target, False)
+                    except Exception:  # noqa: BLE001  a rule that cannot handle the function's form
+                        space = None
+                    if space is None:
+                        continue
+                    sch = space if not isinstance(space, list) else space[0]
+                    updated[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    record[name] = _rule_name(rule)
+                    break
+                else:
+                    record[name] = "own thread bindings" if _binds_threads(func) else "none"
+            for gvar, func in updated.items():
+                mod[gvar] = func
+            return mod
+
+    return RecordingApplyDefaultSchedule()
+
+
+def _is_dlight_pass(p) -> bool:
+    inner = getattr(p, "_inst", None)
+    return inner is not None and type(inner).__name__ == "ApplyDefaultSchedule"
+
+
+def gpu_tuning_passes(target) -> list:
+    """The GPU pipeline's passes up to fused, unscheduled TIR kernels: dispatch and legalisation
+    without dlight's default schedules. MetaSchedule extracts its tuning tasks after these, and a
+    tuned build applies the records at the same point, so the kernels match."""
+    from tvm.relax import pipeline as rp
+
+    with target:  # the adreno passes read Target.current()
+        return [*rp.library_dispatch_passes(target), *(p for p in rp.legalize_passes(target) if not _is_dlight_pass(p))]
+
+
+def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None):
+    """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
+    with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
+
+    With ``records``, MetaSchedule's ``ApplyDatabase`` runs right before the first dlight pass: the
+    kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax import pipeline as rp
+
+    scheduled_before: set[str] = set()
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_scheduled")
+    def _note_scheduled(mod, _ctx):
+        for gvar, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and func.attrs is not None and \
+                    "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
+                scheduled_before.add(gvar.name_hint)
+        return mod
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_tuned")
+    def _note_tuned(mod, _ctx):
+        for gvar, func in mod.functions_items():
+            name = gvar.name_hint
+            if isinstance(func, tirx.PrimFunc) and name not in scheduled_before and func.attrs is not None and \
+                    "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
+                record[name] = "tuned"
+        return mod
+
+    legalize = []
+    rules: list = []
+    with target:  # the adreno passes read Target.current()
+        for p in rp.legalize_passes(target):
+            if _is_dlight_pass(p):
+                if records is not None and not rules:
+                    legalize += [_note_scheduled, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
+                                 _note_tuned]
+                rules.extend(p._inst.rules)
+                legalize.append(_recording_schedule_pass(list(p._inst.rules), record))
+            else:
+                legalize.append(p)
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_gpu_pipeline")
+    def _pipeline(mod, _ctx):
+        with target, (records.database if records is not None else contextlib.nullcontext()):
+            seq = tvm.transform.Sequential(
+                rp.library_dispatch_passes(target) + legalize + rp.dataflow_lower_passes(target)
+                + rp.finalize_passes(target)
+            )
+            return seq(mod)
+
+    names = tuple(_rule_name(r) for r in rules)
+    return _pipeline, (("tuned", *names) if records is not None else names)
+
+
+def _extent(value) -> int | str:
+    from tvm import tirx
+
+    return int(value.value) if isinstance(value, tirx.IntImm) else str(value)
+
+
+def _collect_kernels(mod, kernels: dict[str, dict[str, Any]]) -> None:
+    """Device kernels of a module after ``tirx.SplitHostDevice``, with their thread extents."""
+    from tvm import tirx
+
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
+            continue
+        if "calling_conv" not in func.attrs or int(func.attrs["calling_conv"]) != 2:  # kDeviceKernelLaunch
+            continue
+        extents: dict[str, int | str] = {}
+        _thread_extents(func.body, extents)
+        params = func.attrs.get("tirx.kernel_launch_params") or []
+        kernels[gvar.name_hint] = {
+            "params": tuple(str(p) for p in params),
+            "extents": extents,
+            "args": tuple(_param_type(p) for p in func.params),
+        }
+
+
+def _param_type(var) -> str:
+    """"handle" for a buffer pointer, else the scalar dtype of a kernel parameter."""
+    import tvm
+
+    ty = var.ty
+    if isinstance(ty, tvm.ir.PointerType):
+        return "handle"
+    return str(getattr(ty, "dtype", ty))
+
+
+def _thread_extents(stmt, extents: dict[str, int | str]) -> None:
+    """``launch_thread`` extents (AttrStmt "thread_extent") of a lowered kernel body."""
+    import tvm_ffi
+    from tvm import tirx
+
+    def visit(node):
+        if node.attr_key == "thread_extent":
+            extents.setdefault(str(node.node.thread_tag), _extent(node.value))
+
+    tvm_ffi.structural_walk(stmt, [(tirx.AttrStmt, visit)], order="pre")
+
+
+def _binds_threads(func) -> bool:
+    """Whether a PrimFunc already launches GPU threads itself (TOPI's GPU implementations written
+    with thread bindings, e.g. scatter and sort): no dlight rule is needed for those."""
+    import tvm_ffi
+    from tvm import tirx
+
+    found = []
+
+    def visit_attr(node):
+        if node.attr_key in ("thread_extent", "virtual_thread"):
+            found.append(node)
+
+    def visit_for(node):
+        if node.kind == tirx.ForKind.THREAD_BINDING:
+            found.append(node)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, visit_attr), (tirx.For, visit_for)], order="post")
+    return bool(found)
+
+
+def _refuse_unscheduled(name: str, record: dict[str, str], rules: Sequence[str], cause) -> None:
+    """Fail, naming them, when fused functions got no GPU schedule.
+
+    TVM 0.27 does not reject such a function: it compiles it as host (CPU) code that is handed the
+    device's buffers as if they were host memory, which corrupts memory at run time. edgepack has no
+    CPU fallback that moves the data, so it refuses the build instead."""
+    unscheduled = sorted(n for n, rule in record.items() if rule == "none")
+    if not unscheduled:
+        return
+    raise CompileError(
+        f"No GPU schedule for {len(unscheduled)} fused function(s) of {name}: "
+        f"{', '.join(unscheduled[:8])}{' ...' if len(unscheduled) > 8 else ''}. None of the dlight rules "
+        f"({', '.join(rules)}) applies; TVM would run them on the CPU with the GPU's buffers, so edgepack "
+        "refuses the build rather than fall back to the CPU silently.",
+        "Compile for a CPU profile (e.g. rpi4), or report the model: the operators in these functions "
+        "need a GPU schedule in TVM.",
+    ) from cause
+
+
+def _plain(value):
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "__iter__"):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _function_of(kernel: str, functions: dict[str, str]) -> str:
+    """The fused function a kernel came from: TVM names kernels ``<function>_kernel[_N]``."""
+    base = re.sub(r"_kernel(_\d+)?$", "", kernel)
+    if base in functions:
+        return base
+    candidates = [f for f in functions if kernel.startswith(f + "_")]
+    return max(candidates, key=len) if candidates else base
+
+
+def module_source(executable, kind: str) -> str:
+    """The text of every ``kind`` module (``"opencl"``, ``"webgpu"``) of a compiled or loaded executable."""
+    stack, found = [executable.mod if hasattr(executable, "mod") else executable], []
+    while stack:
+        m = stack.pop()
+        if m.kind == kind:
+            found.append(m.inspect_source())
+        stack.extend(m.imports)
+    return "\n".join(found)
+
+
+# ----------------------------------------------------------------------------------------------
+# the backend
+
+
+class GpuBackend(Backend):
+    """A GPU reached through a TVM runtime plug-in of edgepack's (``runtimes/plugins/<name>``)."""
+
+    #: The TVM target kind's code-generator module kind ("opencl", "webgpu").
+    module_kind: ClassVar[str]
+    #: The kernel language, for messages ("OpenCL", "WGSL").
+    language: ClassVar[str]
+    #: Where a build keeps its kernels (device/kernels.cl ...) and their index.
+    kernels_source: ClassVar[str]
+    kernels_index: ClassVar[str] = "device/kernels.json"
+    #: The plug-in and the names it registers with tvm-ffi.
+    recipe: ClassVar[PluginRecipe]
+    loader_function: ClassVar[str]
+    info_function: ClassVar[str]
+    #: The driver hint when this machine has no device.
+    driver_hint: ClassVar[str]
+
+    # --- what a GPU backend says for itself
+
+    @abstractmethod
+    def split_source(self, source: str) -> dict[str, str]:
+        """Per-kernel sections of the generated source."""
+
+    @abstractmethod
+    def tvm_device(self) -> Any:
+        """This machine's device of this kind, once the plug-in is loaded."""
+
+    def plugin_options(self, triple: str, *, log: Progress | None = None) -> dict[str, Any]:
+        """Extra arguments of ``toolchain.plugins.build_plugin`` for this plug-in."""
+        return {}
+
+    def translate_compile_error(self, exc: CompileError, imported: ImportedModel) -> CompileError:
+        return exc
+
+    # --- compiling
+
+    def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
+              records: TuningRecords | None = None) -> Build:
+        """Compile through TVM's default GPU pipeline (dlight), refusing any function without a GPU schedule."""
+        try:
+            return self._build(imported, target, system_lib=system_lib, records=records)
+        except CompileError as exc:
+            raise self.translate_compile_error(exc, imported) from exc.__cause__
+
+    def _build(self, imported: ImportedModel, target: Any, *, system_lib: bool,
+               records: TuningRecords | None) -> Build:
+        import tvm
+        from tvm import relax
+
+        record: dict[str, str] = {}
+        pipeline, rules = _gpu_pipeline(target, record, records)
+        found: dict[str, dict[str, Any]] = {}
+
+        @tvm.instrument.pass_instrument
+        class _KernelSnapshot:
+            def run_after_pass(self, mod, info):
+                if info.name == "tirx.SplitHostDevice":
+                    _collect_kernels(mod, found)
+
+        name = imported.info.path.name
+        try:
+            with tvm.transform.PassContext(instruments=[_KernelSnapshot()]):
+                if system_lib:  # for static programs: host code + the kernels (devc.o) in TVM's system library
+                    executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline)
+                else:
+                    executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline)
+        except Exception as exc:
+            _refuse_unscheduled(name, record, rules, exc)
+            raise CompileError(
+                f"TVM failed to compile {name} for {target.kind.name}: {first_line(exc)}",
+                "This is a gap in TVM's GPU code generation for this model; please report it with the model "
+                "attached.",
+            ) from exc
+        _refuse_unscheduled(name, record, rules, None)
+
+        sections = self.split_source(module_source(executable, self.module_kind))
+        kernels = []
+        for kname, info in sorted(found.items()):
+            ext = info["extents"]
+            grid = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
+            block = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
+            kernels.append(Kernel(kname, _function_of(kname, record), info["args"], info["params"], grid, block,
+                                  sections.get(kname, "")))
+        by_function: dict[str, list[str]] = {}
+        for k in kernels:
+            by_function.setdefault(k.function, []).append(k.name)
+        functions = [ScheduledFunction(n, rule, tuple(by_function.get(n, ()))) for n, rule in sorted(record.items())]
+        pipeline_name = "adreno" if "adreno" in [str(k) for k in target.keys] else "gpu_generic"
+        if records is not None:
+            pipeline_name += " (tuned)"
+        report = GpuReport(target=json.dumps(_plain(target.export()), sort_keys=True), pipeline=pipeline_name,
+                           rules=rules, functions=functions, kernels=kernels, details=self.report_details())
+        return Build(executable, report)
+
+    def report_details(self) -> dict[str, Any]:
+        return {}
+
+    def host_target(self, profile: Profile) -> Any:
+        """The profile's GPU target with this machine as its host: the same kernels, x86 host code."""
+        import tvm
+
+        return tvm.target.Target(profile.target, host=HOST_TARGET)
+
+    def host_records(self, records: TuningRecords | None) -> TuningRecords | None:
+        return records  # the same kernels as the device build: what host validation runs ships
+
+    def write_artifacts(self, root: Path, build: Build) -> dict[str, str]:
+        """The kernel source and an index of launch sizes and schedules, beside the device library."""
+        report = build.report
+        assert isinstance(report, GpuReport)
+        source = module_source(build.executable, self.module_kind)
+        (root / self.kernels_source).parent.mkdir(parents=True, exist_ok=True)
+        (root / self.kernels_source).write_text(source)
+        index = report.to_dict() | {"kernels": [k.to_dict(with_source=False) for k in report.kernels]}
+        (root / self.kernels_index).write_text(json.dumps(index, indent=2) + "\n")
+        return {f"{self.name}_kernels": self.kernels_source, f"{self.name}_kernel_index": self.kernels_index}
+
+    def manifest_extra(self, build: Build) -> dict[str, Any]:
+        return {self.name: build.report.to_dict()} if build.report is not None else {}
+
+    def summary_lines(self, manifest: BuildManifest) -> list[str]:
+        """Kernels, their schedules, and the CPU fallback (always stated, never silent)."""
+        extra = manifest.extra.get(self.name) or {}
+        schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
+        fallback = extra.get("cpu_fallback") or []
+        return [
+            f"GPU: {extra.get('num_kernels', 0)} {self.language} kernels from {extra.get('num_functions', 0)} fused "
+            f"functions ({extra.get('pipeline')} pipeline; {extra.get('memory', 'buffers')}"
+            + (f"; {extra['runtime']}" if extra.get("runtime") else "") + ")",
+            f"schedules: {schedules or 'none'}",
+            "CPU fallback: none (every fused function runs on the GPU)" if not fallback
+            else f"CPU fallback: {len(fallback)} function(s) without a GPU schedule: {', '.join(fallback)}",
+        ]
+
+    def kernels(self, build_dir: Path, manifest: BuildManifest) -> list[Kernel]:
+        index_path, source_path = build_dir / self.kernels_index, build_dir / self.kernels_source
+        if not index_path.is_file() or not source_path.is_file():
+            raise EdgepackError(f"{build_dir} has no {self.language} kernels ({self.kernels_source} is missing).",
+                                "Compile the model again with `edgepack compile ... --force`.")
+        index = json.loads(index_path.read_text())
+        sections = self.split_source(source_path.read_text())
+        return [Kernel(k["name"], k["function"], tuple(k["arg_types"]), tuple(k["launch_params"]), tuple(k["grid"]),
+                       tuple(k["block"]), sections.get(k["name"], "")) for k in index["kernels"]]
+
+    # --- running
+
+    def plugin(self, triple: str, compilers: Compilers | None = None, *, log: Progress | None = None) -> Plugin:
+        """The plug-in for ``triple``: this machine's (``compilers`` None) or cross-built with ``compilers``."""
+        options = self.plugin_options(triple, log=log)
+        if triple == HOST_TRIPLE:  # linked against the installed wheels' runtime, which an x86 device gets too
+            return host_plugin(self.recipe, log=log, **options)
+        if compilers is None:
+            raise ToolchainError(f"Building edgepack's {self.recipe.label} runtime for {triple} needs its compilers.")
+        return target_plugin(self.recipe, triple, compilers.cc, compilers.cxx, log=log, **options)[0]
+
+    def load_plugin(self, *, log: Progress | None = None) -> dict[str, Any]:
+        """Load this machine's plug-in into this process (once) and return ``runtime_info()``.
+
+        ``ctypes.CDLL(path, RTLD_GLOBAL)``: its static initialisers register the device API and the
+        module loader with tvm-ffi; the TVM runtime must be loaded before it."""
+        import tvm  # noqa: F401  (the runtime must be loaded, RTLD_GLOBAL, before the plug-in)
+        import tvm_ffi
+
+        self.prepare_process()
+        if tvm_ffi.get_global_func(self.loader_function, allow_missing=True) is None:
+            lib = self.plugin(HOST_TRIPLE, log=log).shared
+            try:
+                _LOADED.append(ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL))
+            except OSError as exc:
+                raise ToolchainError(f"Cannot load edgepack's {self.recipe.label} runtime {lib}: {exc}.",
+                                     "Rebuild it: delete the directory and run again.") from exc
+            if tvm_ffi.get_global_func(self.loader_function, allow_missing=True) is None:
+                raise ToolchainError(f"{lib} loaded but registered no {self.language} module loader.",
+                                     f"It is not edgepack's {self.recipe.label} runtime for this TVM version; "
+                                     "rebuild it.")
+        return self.runtime_info()
+
+    def prepare_process(self) -> None:
+        """Anything this process needs before the plug-in is loaded."""
+
+    def runtime_info(self) -> dict[str, Any]:
+        """What the loaded plug-in found: its driver library and the devices it maps to."""
+        import tvm_ffi
+
+        f = tvm_ffi.get_global_func(self.info_function, allow_missing=True)
+        if f is None:
+            return {"runtime": None, "available": False,
+                    "error": f"edgepack's {self.recipe.label} runtime is not loaded", "devices": []}
+        return json.loads(str(f()))
+
+    def require_device(self, *, log: Progress | None = None) -> dict[str, Any]:
+        """Load the plug-in and make sure this machine has a device; returns ``runtime_info()``."""
+        info = self.load_plugin(log=log)
+        if not info.get("available") or not info.get("devices"):
+            raise EdgepackError(f"No {self.recipe.label} device on this machine: {info.get('error') or 'none found'}.",
+                                self.driver_hint)
+        return info
+
+    def host_device(self, *, log: Progress | None = None) -> Any:
+        self.require_device(log=log)
+        return self.tvm_device()
+
+    # --- shipping
+
+    def runtime_files(self, triple: str, compilers: Compilers, *, static: bool = True,
+                      log: Progress | None = None) -> dict[str, Path]:
+        plugin, _runtime = target_plugin(self.recipe, triple, compilers.cc, compilers.cxx, log=log,
+                                         **self.plugin_options(triple, log=log))
+        return plugin.files(static=static)
+
+    def rpc_server_files(self, triple: str, compilers: Compilers, *, log: Progress | None = None) -> dict[str, Path]:
+        plugin = self.plugin(triple, compilers, log=log)
+        return {Path(rel).name: path for rel, path in plugin.files(static=False).items()}
+
+    def android_files(self, triple: str, cc: str, cxx: str, *, log: Progress | None = None) -> list[Path]:
+        plugin, _runtime = target_plugin(self.recipe, triple, cc, cxx, log=log, **self.plugin_options(triple, log=log))
+        return list(plugin.files(static=False).values())
+
+    def doctor_check(self) -> DoctorCheck | None:
+        ok, found, hint = self.driver_status()
+        return DoctorCheck(f"{self.recipe.label} device" if self.name == "opencl" else f"{self.recipe.label} driver",
+                           ok, found, f"validate --on {self.host_place} ({self.recipe.label} profiles)",
+                           "" if ok else hint)
+
+    @abstractmethod
+    def driver_status(self) -> tuple[bool, str, str]:
+        """(ok, what was found, how to fix) of this machine's driver, asked without TVM."""
+
+
+_LOADED: list[ctypes.CDLL] = []  # loaded plug-ins stay loaded for the life of the process

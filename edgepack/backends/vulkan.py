@@ -1,0 +1,176 @@
+"""Vulkan GPUs: WGSL from TVM's webgpu target, run by wgpu-native on Vulkan through edgepack's runtime.
+
+The pinned TVM has no SPIR-V code generator, but its ``webgpu`` target emits WGSL compute shaders,
+and wgpu-native (``toolchain.wgpu_native``) runs WGSL on Vulkan. TVM ships no runtime for those
+shaders outside a browser, so edgepack carries one: ``runtimes/plugins/vulkan`` (C++ over the
+tvm-ffi/TVM runtime headers and wgpu-native's C API) builds a plug-in, ``libtvm_vulkan.so``, that
+registers ``device_api.webgpu`` (TVM's device type 15) and ``ffi.Module.load_from_bytes.webgpu``. It
+dlopen()s ``libwgpu_native.so`` (next to itself first) when the device is first used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from edgepack.backends.base import register
+from edgepack.backends.gpu import GpuBackend, Kernel, format_size
+from edgepack.errors import CompileError, EdgepackError, ValidationError
+from edgepack.files import file_sha256
+from edgepack.frontends.types import ImportedModel
+from edgepack.manifest import BuildManifest
+from edgepack.profiles import Profile
+from edgepack.progress import Progress
+from edgepack.toolchain.plugins import PluginRecipe
+from edgepack.toolchain.wgpu_native import WGPU_LIBRARY, WGPU_NATIVE_VERSION, wgpu_native
+
+DEVICE_TYPE = 15  # kDLWebGPU: what TVM's webgpu host code allocates on
+
+_MARKER = re.compile(r"(?m)^// Function: (\S+)\s*$")
+
+
+def split_shaders(source: str) -> dict[str, str]:
+    """Per-kernel shaders of TVM's WGSL text. Each shader is introduced by one or more
+    ``// Function: <name>`` lines; a shader runs until the next marker with another name."""
+    sections: dict[str, str] = {}
+    marks = list(_MARKER.finditer(source))
+    i = 0
+    while i < len(marks):
+        name, start = marks[i].group(1), marks[i].start()
+        j = i + 1
+        while j < len(marks) and marks[j].group(1) == name:
+            j += 1
+        end = marks[j].start() if j < len(marks) else len(source)
+        text = source[start:end]
+        # TVM frames the name with "//----" lines; drop a trailing one that belongs to the next shader
+        text = re.sub(r"(?s)\n//-+\s*$", "\n", text.rstrip()) + "\n"
+        sections[name] = text
+        i = j
+    return sections
+
+
+
+def driver_status() -> tuple[bool, str, str]:
+    """(ok, what was found, how to fix) for ``edgepack doctor``: a Vulkan loader and driver (ICD)
+    manifests on this machine (no TVM, no plug-in build)."""
+    try:
+        ctypes.CDLL("libvulkan.so.1")
+    except OSError:
+        return False, "no libvulkan.so.1", "apt-get install libvulkan1 mesa-vulkan-drivers"
+    icds = [p for d in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+            for p in sorted(Path(d).glob("*.json"))]
+    if not icds:
+        return False, "Vulkan loader but no driver (ICD)", "apt-get install mesa-vulkan-drivers   (lavapipe)"
+    return True, f"{len(icds)} driver manifest(s): {', '.join(p.stem for p in icds)}", ""
+
+
+
+class VulkanBackend(GpuBackend):
+    name = "vulkan"
+    label = "Vulkan (WGSL on wgpu-native)"
+    device_noun = "a Vulkan GPU"
+    host_place = "host-vulkan"
+    static_bundle = False  # wgpu-native is a shared library only
+    module_kind = "webgpu"
+    language = "WGSL"
+    kernels_source = "device/kernels.wgsl"
+    recipe = PluginRecipe("vulkan", "Vulkan", "libtvm_vulkan.so", "libtvm_vulkan.a", "0.1.0")
+    loader_function = "ffi.Module.load_from_bytes.webgpu"
+    info_function = "edgepack.vulkan.runtime_info"
+    driver_hint = ("Install a Vulkan driver; on Debian/Ubuntu the CPU one (lavapipe) is enough: "
+                   "`apt-get install mesa-vulkan-drivers libvulkan1` (check with `vulkaninfo --summary`).")
+
+    def split_source(self, source: str) -> dict[str, str]:
+        return split_shaders(source)
+
+    def preflight(self, profile: Profile, *, log: Progress | None = None) -> None:
+        wgpu_native(profile.triple, log=log)  # no wgpu-native for the triple (Android): say so before any build
+
+    def plugin_options(self, triple: str, *, log: Progress | None = None) -> dict[str, Any]:
+        """wgpu-native's headers to build against, and its library beside the plug-in (loaded from there)."""
+        wgpu = wgpu_native(triple, log=log)
+        return {"defines": [f"-DWGPU_INCLUDE_DIR={wgpu.include_dir}"],
+                "key_extra": {"wgpu": file_sha256(wgpu.library)},
+                "beside": {WGPU_LIBRARY: wgpu.library},
+                "manifest_extra": {"wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION}}
+
+    def report_details(self) -> dict[str, Any]:
+        return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
+
+    def translate_compile_error(self, exc: CompileError, imported: ImportedModel) -> CompileError:
+        cause = str(exc.__cause__ or "")
+        if "do not support i64" in cause or "do not support i64" in exc.message:
+            return CompileError(
+                f"{imported.info.path.name} uses 64-bit integers on the GPU, which WGSL (and so TVM's webgpu "
+                "code generator) does not have: TVM stops with 'CodeGenWebGPU: do not support i64'.",
+                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), or export the model "
+                "with int32 indices (e.g. Gather/ScatterElements/ArgMax on int32).",
+            )
+        return exc
+
+    def prepare_process(self) -> None:
+        # Mesa's Vulkan loader warns on stderr when there is no runtime directory; give it a private one
+        if not os.environ.get("XDG_RUNTIME_DIR"):
+            runtime_dir = Path(tempfile.gettempdir()) / f"edgepack-xdg-{os.getuid()}"
+            runtime_dir.mkdir(mode=0o700, exist_ok=True)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime_dir)
+
+    def tvm_device(self) -> Any:
+        import tvm
+
+        return tvm.device("webgpu", 0)
+
+    def remote_device(self, session: Any) -> Any:
+        return session.device(DEVICE_TYPE, 0)
+
+    def render_kernels(self, kernels: Sequence[Kernel], *, with_source: bool = True) -> str:
+        """One line per shader (dispatch = workgroups per dimension, the workgroup size compiled into
+        the shader), then its WGSL."""
+        lines = [f"{len(kernels)} WGSL shader(s) (Vulkan via wgpu-native)"]
+        width = max((len(k.name) for k in kernels), default=10)
+        for k in kernels:
+            buffers = sum(1 for t in k.arg_types if t == "handle")
+            scalars = [t for t in k.arg_types if t != "handle"]
+            lines.append(f"{k.name:<{width}}  dispatch {format_size(k.grid):<12} workgroup_size "
+                         f"{format_size(k.block):<10} from {k.function}  bindings: {buffers} storage + uniform"
+                         + (f" ({', '.join(scalars)})" if scalars else ""))
+            if with_source and k.source:
+                lines.append(k.source.rstrip())
+                lines.append("")
+        return "\n".join(lines)
+
+    def run_error(self, exc: Exception, build_dir: Path, where: str) -> EdgepackError:
+        text = str(exc).strip()
+        if re.search(r"WebGPU shader '([^']+)' failed to compile", text):
+            return ValidationError(
+                f"{build_dir}: " + text[text.find("WebGPU shader"):],
+                f"The shader source is in {self.kernels_source}; compile again to regenerate it, or report wgpu's "
+                "message with the model attached.",
+            )
+        return ValidationError(f"Running {build_dir} through Vulkan (wgpu-native) on {where} failed: {text}",
+                               "Run with EDGEPACK_WGPU_SYNC=1 to find the failing shader.")
+
+    def emulation_refusal(self, build_dir: Path, manifest: BuildManifest) -> EdgepackError:
+        """``validate --on emulator`` of a Vulkan build: a clear error instead of a run that cannot work.
+
+        qemu-user runs the aarch64 C runner and wgpu-native, but the Vulkan driver they need is aarch64
+        too: Debian's arm64 lavapipe in a chroot works (runtimes/plugins/vulkan/tests/aarch64_lavapipe.py) but
+        needs root, the arm64 packages and several minutes per model: a manual check, not a validation."""
+        return EdgepackError(
+            f"{build_dir} is a Vulkan build ({manifest.profile_name}); --on emulator cannot run it: qemu-user runs "
+            "the device's CPU code, but there is no emulated Vulkan GPU (an aarch64 driver under qemu needs an arm64 "
+            "root file system, root, and minutes per model: runtimes/plugins/vulkan/tests/aarch64_lavapipe.py).",
+            "Validate the same shaders on this machine with --on host-vulkan (any Vulkan driver, e.g. lavapipe: "
+            "`apt-get install mesa-vulkan-drivers`), or on the device itself.",
+        )
+
+    def driver_status(self) -> tuple[bool, str, str]:
+        return driver_status()
+
+
+register(VulkanBackend())

@@ -1,0 +1,1 @@
+"""The ``edgepack`` command line: thin commands over the public API (``edgepack.compile``, ...)."""

@@ -1,0 +1,25 @@
+"""What every command shares: the ``--json`` and ``--input-shape`` options and JSON output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]
+InputShapeOption = Annotated[
+    list[str] | None,
+    typer.Option("--input-shape", "-s", metavar="NAME:D0,D1,...",
+                 help="Fix a dynamic input's shape, e.g. x:1,3,224,224. Repeat for several inputs."),
+]
+InventoryOption = Annotated[
+    Path | None,
+    typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", metavar="PATH",
+                 help="Device inventory (TOML) [default: ~/.config/edgepack/devices.toml]."),
+]
+
+
+def print_json(data) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))

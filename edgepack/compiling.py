@@ -1,0 +1,212 @@
+"""Compile a model for a device profile: import, the profile's backend (pipeline and code generation),
+cross-link, and a build directory that says how it was made.
+
+A build directory holds::
+
+    manifest.json        how it was made (written last)
+    model.onnx|.tflite   the source model, the reference for validation
+    device/model.so      for the device, linked with the profile's cross compiler, with its tensor
+                         metadata embedded (the C API reads it)
+    device/model.meta    that metadata as text
+    device/kernels.*     GPU builds: the kernels and their launch sizes
+    host/model.so        the same model built for this machine, used by host validation
+    tuning/              with --tuning: the best records applied (``package c`` rebuilds with them)
+
+The directory is written atomically: a temporary directory that is renamed only when complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgepack.backends import backend_for, target_dict
+from edgepack.errors import ToolchainError, first_line
+from edgepack.files import atomic_directory, check_output_dir
+from edgepack.frontends import ImportedModel, import_model
+from edgepack.manifest import BUILD_TUNING, DEVICE_LIBRARY, DEVICE_META, HOST_LIBRARY, Artifact, BuildManifest
+from edgepack.profiles import Profile, get_profile, require_supported
+from edgepack.progress import Progress, reporter
+from edgepack.tensors import Shape, TensorSpec
+from edgepack.toolchain.compilers import Compilers, find_compilers
+from edgepack.toolchain.model_library import export_model_shared, model_meta_text
+from edgepack.tuning.records import apply_tuning, write_best_records
+from edgepack.versions import __version__, installed_tvm
+
+@dataclass(frozen=True)
+class CompileResult:
+    """A build directory and its manifest."""
+
+    output_dir: Path
+    manifest: BuildManifest
+
+    @property
+    def device_library(self) -> Path:
+        return self.output_dir / self.manifest.artifacts["device_library"].path
+
+    @property
+    def host_library(self) -> Path:
+        return self.output_dir / self.manifest.artifacts["host_library"].path
+
+    def to_dict(self) -> dict:
+        return {"output_dir": str(self.output_dir)} | self.manifest.to_dict()
+
+
+def compile_model(
+    model: Path | str,
+    profile: Profile | str,
+    output_dir: Path | str,
+    *,
+    input_shapes: dict[str, Shape] | None = None,
+    force: bool = False,
+    ndk: str | None = None,
+    tuning: Path | str | None = None,
+    progress: Progress | None = None,
+) -> CompileResult:
+    """Compile ``model`` (.onnx or .tflite) for ``profile`` into the build directory ``output_dir``.
+
+    ``input_shapes`` fixes dynamic input dimensions (``{"x": (1, 3, 224, 224)}``); ``tuning`` is a
+    tuning directory (``edgepack.tune``) made for this model, input shapes and target, whose best
+    records are applied; ``ndk`` locates the Android NDK for Android profiles. Raises an
+    :class:`~edgepack.errors.EdgepackError` that names the problem and its fix.
+    """
+    say = reporter(progress)
+    started = time.perf_counter()
+    model, output_dir = Path(model), Path(output_dir)
+    profile = get_profile(profile) if isinstance(profile, str) else profile
+    require_supported(profile)
+    backend = backend_for(profile)
+    check_output_dir(output_dir, force)  # fail before minutes of work, not after
+    compilers = find_compilers(profile, ndk=ndk)
+    backend.preflight(profile, log=say)
+
+    say(f"Importing {model.name}")
+    imported = import_model(model, input_shapes)
+    outputs = output_specs(imported)
+    device_target = profile.tvm_target()
+    applied = None
+    if tuning is not None:  # checked before any build, applied to the device build
+        say(f"Reading the tuning records in {tuning}")
+        applied = apply_tuning(imported, profile, device_target, tuning)
+    records = applied.records if applied else None
+
+    with atomic_directory(output_dir, force=force) as staging:
+        say(f"Building for {profile.name} ({profile.triple}, {backend.label})"
+            + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
+        device_build = backend.build(imported, device_target, records=records)
+        say(f"Linking the device library with {Path(compilers.cxx).name}")
+        artifacts = export_device_library(device_build.executable, staging, imported.inputs, outputs, compilers)
+        artifacts.update({name: Artifact.of(staging, rel)
+                          for name, rel in backend.write_artifacts(staging, device_build).items()})
+
+        if profile.is_host:
+            host_library, host_target = DEVICE_LIBRARY, device_target
+        else:
+            say(f"Building for this machine (validate --on {backend.host_place})")
+            host_target = backend.host_target(profile)
+            host_build = backend.build(imported, host_target, records=backend.host_records(records))
+            export_library(host_build.executable, staging / HOST_LIBRARY)
+            host_library = HOST_LIBRARY
+
+        model_copy = f"model.{imported.info.format}"
+        shutil.copyfile(model, staging / model_copy)
+        if tuning is not None:
+            write_best_records(tuning, staging / BUILD_TUNING)
+        tvm_version, ffi_version = installed_tvm()
+        manifest = BuildManifest(
+            model_file=model_copy,
+            model_format=imported.info.format,
+            model_sha256=imported.info.sha256,
+            model_source=str(model.resolve()),
+            inputs=imported.inputs,
+            outputs=outputs,
+            profile=profile.to_dict(),
+            target=target_dict(device_target),
+            host_target=target_dict(host_target),
+            tvm_version=tvm_version,
+            tvm_ffi_version=ffi_version,
+            edgepack_version=__version__,
+            toolchain={"cc": compilers.cc, "cxx": compilers.cxx, "version": compilers.version},
+            artifacts={
+                **artifacts,
+                "host_library": Artifact.of(staging, host_library),
+                "model": Artifact.of(staging, model_copy),
+            },
+            compile_seconds=round(time.perf_counter() - started, 2),
+            tuning=str(Path(tuning).resolve()) if tuning is not None else None,
+            extra=backend.manifest_extra(device_build),
+        )
+        manifest.write(staging)
+    return CompileResult(output_dir=output_dir, manifest=manifest)
+
+
+def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers) -> dict[str, Artifact]:
+    """Write device/model.so with the C API's tensor metadata embedded (and device/model.meta)."""
+    meta = model_meta_text(inputs, outputs)
+    (root / DEVICE_LIBRARY).parent.mkdir(parents=True, exist_ok=True)
+    (root / DEVICE_META).write_text(meta)
+    # -s: the symbol table and debug info are ~40% of the file and the device never needs them
+    export_model_shared(executable, root / DEVICE_LIBRARY, compilers.cxx, meta_text=meta, cc=compilers.cc,
+                        options=["-s"])
+    return {"device_library": Artifact.of(root, DEVICE_LIBRARY), "device_meta": Artifact.of(root, DEVICE_META)}
+
+
+def export_library(executable, path: Path) -> None:
+    """Link the compiled model into a shared library for this machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        executable.export_library(str(path))
+    except Exception as exc:
+        raise ToolchainError(f"Linking {path.name} failed: {first_line(exc)}",
+                             "Check this machine's C++ compiler with `edgepack doctor`.") from exc
+
+
+def output_specs(imported: ImportedModel) -> tuple[TensorSpec, ...]:
+    """The compiled model's outputs: names from the model, static shapes from the Relax function."""
+    from tvm import relax
+
+    ret = imported.mod["main"].ret_ty
+    fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    names = [t.name for t in imported.info.outputs]
+    if len(names) != len(fields):
+        names = [f"output_{i}" for i in range(len(fields))]
+    specs = []
+    for name, tensor_type in zip(names, fields):
+        shape = tuple(int(v) for v in tensor_type.shape.values) if tensor_type.shape is not None else ()
+        specs.append(TensorSpec(name, str(tensor_type.dtype), shape))
+    return tuple(specs)
+
+
+def fusion_ir(imported: ImportedModel, target=None) -> tuple[str, str]:
+    """The Relax program as imported, and after operator fusion (TVM's "zero" pipeline front half)."""
+    import tvm
+    from tvm import relax
+
+    target = target or tvm.target.Target({"kind": "llvm"})
+    fuse = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ])
+    with target:
+        fused = fuse(imported.mod)
+    return _relax_script(imported.mod), _relax_script(fused)
+
+
+def _relax_script(mod) -> str:
+    """The Relax functions of ``mod``, without the (long) TIR kernels and weights."""
+    from tvm import relax
+
+    parts = []
+    kernels = 0
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            parts.append(f"# {gv.name_hint}\n{func.script(show_meta=False)}")
+        else:
+            kernels += 1
+    parts.append(f"# ... and {kernels} TIR kernel functions")
+    return "\n".join(parts)

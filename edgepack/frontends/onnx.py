@@ -1,0 +1,127 @@
+"""ONNX models: read what they hold, and import them into Relax through TVM's frontend with edgepack's
+converters (``edgepack.frontends.onnx_ops``) after ONNX Runtime's basic constant folding.
+
+``onnx_ops`` subclasses TVM's converters, so importing it imports TVM (seconds): it is imported where
+it is used, not when this module loads (``edgepack --help`` must stay quick)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from edgepack.errors import ModelError, first_line
+from edgepack.files import file_sha256
+from edgepack.frontends.types import ModelInfo
+from edgepack.tensors import Dim, TensorSpec
+
+
+def load_onnx(path: Path):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise ModelError(
+            f"{path} is not a readable ONNX model: {first_line(exc)}.",
+            "The file is corrupt or truncated; export or download it again.",
+        ) from exc
+    if not model.graph.node or not model.graph.output:
+        raise ModelError(
+            f"{path} parses as ONNX but holds no graph (no nodes or no outputs); it is corrupt or truncated.",
+            "Export or download the model again.",
+        )
+    return model
+
+
+def _onnx_value_spec(value) -> TensorSpec:
+    from onnx import helper
+
+    tensor_type = value.type.tensor_type
+    dtype = str(helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)) if tensor_type.elem_type else "float32"
+    dims: list[Dim] = []
+    for i, d in enumerate(tensor_type.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or f"?{i}")
+    return TensorSpec(value.name, dtype, tuple(dims))
+
+
+def inspect_onnx(path: Path) -> ModelInfo:
+    model = load_onnx(path)
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = tuple(_onnx_value_spec(v) for v in model.graph.input if v.name not in initializers)
+    outputs = tuple(_onnx_value_spec(v) for v in model.graph.output)
+    counts = Counter(_onnx_op_name(node) for node in model.graph.node)
+    from edgepack.frontends.onnx_ops import supported_operators
+
+    supported = supported_operators()
+    unsupported = {op: n for op, n in counts.items() if op not in supported}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return ModelInfo(path, "onnx", file_sha256(path), inputs, outputs, dict(counts.most_common()),
+                     unsupported, opset)
+
+
+def _onnx_op_name(node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def import_onnx(info: ModelInfo, inputs: tuple[TensorSpec, ...]):
+    from edgepack.frontends.onnx_ops import from_onnx  # TVM's frontend with edgepack's converters
+
+    static = load_onnx(info.path)
+    folded = _fold_onnx_constants(static, inputs)  # also fixes the input shapes of ``static``
+    kwargs = {"shape_dict": {t.name: list(t.shape) for t in inputs},
+              "dtype_dict": {t.name: t.dtype for t in inputs}, "opset": info.opset}
+    try:
+        return from_onnx(folded, **kwargs)
+    except Exception as first:
+        if folded is static:
+            raise
+        # ONNX Runtime inlines function operators it has no kernel for (GroupNormalization-21, ...)
+        # into shape arithmetic TVM cannot import; edgepack converts those itself: try the graph as written.
+        try:
+            return from_onnx(static, **kwargs)
+        except Exception:  # noqa: BLE001 - the folded graph's error is the one to report
+            raise first from None
+
+
+def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
+    """Fix the input shapes in the graph, then let ONNX Runtime fold what they make constant.
+
+    Exporters often compute reshape targets at run time (Shape -> Slice -> Concat -> Reshape);
+    TVM's importer needs them constant. ONNX Runtime's *basic* level only folds constants and
+    fuses standard operators (no contrib ops), so the result is still a plain ONNX graph.
+    If ONNX Runtime cannot load the model, the static-shape model is returned unchanged.
+    """
+    import onnx
+
+    # Old ONNX IR (< 4) lists every weight as a graph input too; for deployment they are constants.
+    initializers = {init.name for init in model.graph.initializer}
+    real_inputs = [v for v in model.graph.input if v.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(real_inputs)
+    model.ir_version = max(model.ir_version, 4)
+    shapes = {t.name: t.shape for t in inputs}
+    for value in model.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            for dim, size in zip(dims, shapes[value.name]):
+                dim.Clear()
+                dim.dim_value = int(size)
+    try:
+        import onnxruntime as ort
+
+        with tempfile.TemporaryDirectory(prefix="edgepack-onnx-") as tmp:
+            source, folded = Path(tmp) / "static.onnx", Path(tmp) / "folded.onnx"
+            onnx.save(model, str(source))
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.optimized_model_filepath = str(folded)
+            options.log_severity_level = 3
+            ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+            return onnx.load(str(folded))
+    except Exception:  # noqa: BLE001 - folding is an optimisation; TVM may still import the original
+        return model

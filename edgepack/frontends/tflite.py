@@ -1,0 +1,114 @@
+"""TFLite models: read what they hold (operators, tensors) and import them into Relax with TVM's
+frontend and edgepack's fixes (sparse weights behind DENSIFY)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from edgepack.errors import ModelError, first_line
+from edgepack.files import file_sha256
+from edgepack.frontends.types import ModelInfo
+from edgepack.tensors import Dim, TensorSpec
+
+_TFLITE_CUSTOM = 32  # tflite.BuiltinOperator.CUSTOM
+_TFLITE_DTYPES = {
+    0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16",
+    9: "int8", 10: "float64", 12: "uint64", 15: "uint32", 16: "uint16",
+}
+
+
+def _load_tflite(path: Path):
+    import tflite
+
+    buf = path.read_bytes()
+    try:
+        model = tflite.Model.GetRootAsModel(buf, 0)
+        if model.SubgraphsLength() < 1:
+            raise ValueError("no subgraph")
+        model.Subgraphs(0).OperatorsLength()
+    except Exception as exc:  # flatbuffers raises struct.error / IndexError on truncated data
+        raise ModelError(
+            f"{path} is not a readable TFLite model ({type(exc).__name__}: {first_line(exc)}).",
+            "The file is corrupt or truncated; convert or download it again.",
+        ) from exc
+    return model
+
+
+def _tflite_converter(model):
+    from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
+
+    return OperatorConverter(model, model.Subgraphs(0), None, None)
+
+
+def _tflite_tensor_spec(tensor) -> TensorSpec:
+    name = tensor.Name().decode()
+    shape = [int(d) for d in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
+    signature = [int(d) for d in tensor.ShapeSignatureAsNumpy()] if tensor.ShapeSignatureLength() else shape
+    dims: tuple[Dim, ...] = tuple(d if s >= 0 else f"?{i}" for i, (d, s) in enumerate(zip(shape, signature)))
+    return TensorSpec(name, _TFLITE_DTYPES.get(tensor.Type(), f"tflite-type-{tensor.Type()}"), dims)
+
+
+def _tflite_op_name(converter, model, op) -> str:
+    code = model.OperatorCodes(op.OpcodeIndex())
+    builtin = max(code.DeprecatedBuiltinCode(), code.BuiltinCode())
+    if builtin == _TFLITE_CUSTOM:
+        custom = code.CustomCode()
+        return f"CUSTOM:{custom.decode() if custom else '?'}"
+    return converter.builtin_op_code.get(builtin, f"BUILTIN_{builtin}")
+
+
+def inspect_tflite(path: Path) -> ModelInfo:
+    model = _load_tflite(path)
+    graph = model.Subgraphs(0)
+    converter = _tflite_converter(model)
+    try:
+        ops = [_tflite_op_name(converter, model, graph.Operators(i)) for i in range(graph.OperatorsLength())]
+    except Exception as exc:
+        raise ModelError(
+            f"{path} has an operator table TVM cannot read: {first_line(exc)}.",
+            "The model may come from a newer TFLite schema; re-convert it with a TFLite converter of 2.18 or older.",
+        ) from exc
+    counts = Counter(ops)
+    unsupported = {op: n for op, n in counts.items() if op not in converter.convert_map}
+    inputs = tuple(_tflite_tensor_spec(graph.Tensors(graph.Inputs(i))) for i in range(graph.InputsLength()))
+    outputs = tuple(_tflite_tensor_spec(graph.Tensors(graph.Outputs(i))) for i in range(graph.OutputsLength()))
+    return ModelInfo(path, "tflite", file_sha256(path), inputs, outputs, dict(counts.most_common()), unsupported)
+
+
+def import_tflite(info: ModelInfo, inputs: tuple[TensorSpec, ...]):
+    from tvm.relax.frontend.tflite import from_tflite
+
+    model = _load_tflite(info.path)
+    return from_tflite(
+        model,
+        shape_dict={t.name: tuple(t.shape) for t in inputs},
+        dtype_dict={t.name: t.dtype for t in inputs},
+        op_converter=_tflite_operator_converter(),
+    )
+
+
+def _tflite_operator_converter():
+    """TVM's TFLite OperatorConverter with edgepack's fixes (``from_tflite``'s op_converter hook).
+
+    Sparse weights: DENSIFY makes the dense tensor at import time (a "prefetched" constant), but
+    TVM's DEQUANTIZE then reads the raw buffer of DENSIFY's output, which has none, and fails with
+    ``TypeError: a bytes-like object is required, not 'int'``. Here DEQUANTIZE takes the densified
+    constant (fp16 weights are widened to fp32, int8 ones dequantized with their parameters).
+    """
+    from tvm import relax
+    from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
+
+    class EdgepackOperatorConverter(OperatorConverter):
+        def convert_dequantize(self, op):
+            tensor = self.get_input_tensors(op)[0]
+            if not self.is_prefetched(tensor.tensor_idx):
+                return super().convert_dequantize(op)
+            dtype = self.get_tensor_type_str(tensor.tensor.Type())
+            dense = self.get_prefetched_node(tensor.tensor_idx)
+            const = self.exp_tab.new_const(dense, dtype=dtype, source_name=tensor.tensor.Name())
+            if dtype == "float16":
+                return relax.op.astype(const, "float32")
+            return self.dequantize(const, tensor)
+
+    return EdgepackOperatorConverter

@@ -1,0 +1,1 @@
+"""Deployable output: the no-Python C bundle (``packaging.c``) and the Android AAR (``packaging.android``)."""

@@ -1,0 +1,117 @@
+"""The C example runner (``runtimes/api/c/examples/main.c``): built once per triple, run natively or
+under qemu-user on ``.npy`` inputs, its ``.npy`` outputs read back. No Python on the running side."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgepack.errors import EdgepackError, ToolchainError
+from edgepack.files import cached_directory, file_sha256
+from edgepack.paths import cache_root
+from edgepack.profiles import Profile
+from edgepack.progress import Progress
+from edgepack.tensors import TensorSpec, contiguous
+from edgepack.toolchain.c_programs import build_c_program
+from edgepack.toolchain.compilers import find_compilers
+from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.toolchain.tvm_runtime import ensure_target_runtime
+
+RUN_TIMEOUT_S = 900  # qemu is slow; a stuck run must still end
+RUNNER_NAME = "edgepack_run"
+
+#: What to do about each C API status (``ep_status_name``) a runner reports.
+STATUS_HINTS = {
+    "EP_ERR_SHAPE": "An input's shape or size differs from the compiled model's (`edgepack inspect BUILD` lists "
+                    "them); pass inputs of exactly those shapes (a scalar input is a 0-d array).",
+    "EP_ERR_DTYPE": "An input's dtype differs from the compiled model's; convert it (array.astype(...)).",
+    "EP_ERR_LOAD": "The model library does not load here: check that it was built for this architecture "
+                   "(`file` shows it) and that the runtime libraries sit beside the runner.",
+    "EP_ERR_NOT_FOUND": "A file or tensor name was not found: check the paths and the input names.",
+    "EP_ERR_METADATA": "The model's metadata is missing or does not match it: compile the model again.",
+    "EP_ERR_RUNTIME": "TVM's runtime failed while running the model; the message above says where. Report it "
+                      "with the model attached if it persists.",
+    "EP_ERR_NO_MEMORY": "The device ran out of memory.",
+    "EP_ERR_IO": "Reading an input or writing an output failed: check the paths and free disk space.",
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outputs: list[np.ndarray]
+    seconds: float
+    command: list[str]
+
+
+def _hint_for(message: str) -> str:
+    found = re.search(r"\b(EP_ERR_[A-Z_]+)\b", message)
+    if found and found.group(1) in STATUS_HINTS:
+        return STATUS_HINTS[found.group(1)]
+    return "Run the command again by hand to see the runner's whole output."
+
+
+def run_c_runner(command_prefix: list[str], runner: Path, model_library: Path | None, inputs: dict[str, np.ndarray],
+                 input_specs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], *,
+                 threads: int | None = None) -> RunResult:
+    """Run ``runner`` (the example program) on ``inputs`` and read back its ``.npy`` outputs."""
+    with tempfile.TemporaryDirectory(prefix="edgepack-run-") as tmp:
+        tmp_path = Path(tmp)
+        argv = [*command_prefix, str(runner)]
+        if model_library is not None:
+            argv.append(str(model_library))
+        for i, spec in enumerate(input_specs):
+            path = tmp_path / f"input{i}.npy"
+            np.save(path, contiguous(inputs[spec.name]))
+            argv += ["--input", f"{spec.name}={path}"]
+        out_dir = tmp_path / "out"
+        out_dir.mkdir()
+        argv += ["--output-dir", str(out_dir)]
+        if threads:
+            argv += ["--threads", str(threads)]
+        started = time.perf_counter()
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ToolchainError(f"{runner.name} did not finish within {RUN_TIMEOUT_S} s.",
+                                 "The model may be too large for emulation; try a real device.") from exc
+        seconds = time.perf_counter() - started
+        if result.returncode != 0:
+            lines = (result.stderr or result.stdout).strip().splitlines()
+            message = lines[-1] if lines else "no output"
+            raise EdgepackError(f"{runner.name} failed (exit {result.returncode}): {message}", _hint_for(message))
+        arrays = []
+        for i in range(len(outputs)):
+            found = sorted(out_dir.glob(f"{i}_*.npy"))
+            if not found:
+                raise EdgepackError(f"{runner.name} wrote no output {i}.", "This is a bug; please report it.")
+            arrays.append(np.load(found[0]))
+        return RunResult(arrays, seconds, argv)
+
+
+def runner_for_profile(profile: Profile, progress: Progress | None = None) -> Path:
+    """The example runner for a profile's triple, built once and cached (it loads any model.so)."""
+    compilers = find_compilers(profile)
+    runtime = ensure_target_runtime(profile.triple, compilers.cc, compilers.cxx, need_static=False, log=progress)
+    c_dir = source_dir(C_API)
+    key = hashlib.sha256("\n".join([
+        str(runtime.root), compilers.version, file_sha256(c_dir / "examples" / "main.c"),
+        file_sha256(c_dir / "src" / "edgepack.c"), file_sha256(c_dir / "include" / "edgepack.h"),
+    ]).encode()).hexdigest()[:12]
+    base = cache_root() / "runners"
+    base.mkdir(parents=True, exist_ok=True)
+
+    def make(staging: Path) -> None:
+        if progress:
+            progress(f"Building the example runner for {profile.triple}")
+        build_c_program(runtime, staging / RUNNER_NAME, cc=compilers.cc)
+
+    root = cached_directory(base / f"{profile.triple}-{key}", make,
+                            complete=lambda p: (p / RUNNER_NAME).is_file())
+    return root / RUNNER_NAME

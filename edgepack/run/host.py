@@ -1,0 +1,60 @@
+"""Running a build on this machine: ``host/model.so`` in TVM's Relax VM, on the device the build's backend
+names (the CPU, or this machine's OpenCL / Vulkan GPU through edgepack's runtime plug-in)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepack.backends import backend_for
+from edgepack.errors import EdgepackError
+from edgepack.frontends.reference import quiet_native_stderr
+from edgepack.manifest import BuildManifest
+from edgepack.tensors import contiguous
+
+
+def flatten_outputs(result) -> list[np.ndarray]:
+    """The Relax VM's result (a tensor or nested tuples of them) as a flat list of arrays."""
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    flat: list[np.ndarray] = []
+    for item in result:
+        flat.extend(flatten_outputs(item))
+    return flat
+
+
+def describe_device(device: Any) -> str:
+    """``opencl(0)``, ``cpu(0)``, ``webgpu(0)``... for reports: what really ran the kernels."""
+    import tvm
+
+    kind = int(device.dlpack_device_type()) % 128  # an RPC session's devices carry it in the upper bits
+    name = tvm.runtime.Device._DEVICE_TYPE_TO_NAME.get(kind, str(kind))
+    return f"{name}({device.index})"
+
+
+def run_host_library(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray],
+                     device: Any) -> list[np.ndarray]:
+    """The build's ``host/model.so`` in TVM's Relax VM on ``device``, inputs copied there."""
+    import tvm
+    from tvm import relax
+
+    library = build_dir / manifest.artifacts["host_library"].path
+    with quiet_native_stderr():
+        executable = tvm.runtime.load_module(str(library))
+    vm = relax.VirtualMachine(executable, device)
+    args = [tvm.runtime.tensor(contiguous(inputs[spec.name]), device=device) for spec in manifest.inputs]
+    return flatten_outputs(vm["main"](*args))  # .numpy() waits for the device
+
+
+def run_on_host(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray]) -> tuple[list[np.ndarray], str]:
+    """Run a build here, on the device its backend runs on; returns the outputs and what ran them."""
+    backend = backend_for(manifest)
+    device = backend.host_device()
+    try:
+        return run_host_library(build_dir, manifest, inputs, device), describe_device(device)
+    except EdgepackError:
+        raise
+    except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
+        raise backend.run_error(exc, build_dir, "this machine") from exc

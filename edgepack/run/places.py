@@ -1,0 +1,190 @@
+"""Where a build runs: the one parser for ``--on`` and the places it names.
+
+    host               this machine, on the device the build's backend runs on (CPU, or its GPU)
+    host-opencl, ...   this machine's GPU of one backend (each backend names its own: ``Backend.host_place``)
+    emulator           the device library, run by the C runner under qemu-user
+    NAME               a device of the inventory, over SSH (``edgepack device add``)
+    farm:PROFILE       the first free device of a profile in the farm (``edgepack farm start``)
+
+``validate``, ``bench`` and ``tune`` all read ``--on`` through :func:`parse_place`; each says which kinds
+it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgepack.backends import Backend, backend_for, backends
+from edgepack.devices.inventory import Device, Inventory, load_inventory
+from edgepack.devices.session import DEFAULT_RECONNECT_WINDOW, DEFAULT_SESSION_TIMEOUT
+from edgepack.errors import EdgepackError
+from edgepack.frontends.reference import quiet_native_stderr
+from edgepack.manifest import BuildManifest, read_manifest
+from edgepack.progress import Progress
+from edgepack.run.emulator import run_on_emulator
+from edgepack.run.host import describe_device, run_host_library
+from edgepack.run.remote import bench_on_device, bench_on_farm, run_on_device, run_on_farm
+from edgepack.run.results import BenchResult
+from edgepack.tensors import contiguous, random_inputs
+
+EMULATOR = "emulator"
+FARM_PREFIX = "farm:"
+
+
+@dataclass(frozen=True)
+class Place(ABC):
+    """A place named by ``--on``."""
+
+    on: str  # as written
+
+    @abstractmethod
+    def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
+            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        """Run the build once on ``inputs``: its outputs (manifest order) and what ran them."""
+
+    def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
+              progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
+        """Time the build here: one result per device (``all_devices``: each device of a farm)."""
+        raise EdgepackError(f"edgepack cannot benchmark on {self.on!r}: timings under emulation mean nothing.",
+                            "Benchmark with --on host, --on NAME (a device) or --on farm:PROFILE.")
+
+
+@dataclass(frozen=True)
+class ThisMachine(Place):
+    """This machine; ``backend`` None: the build's own backend ("host"), else that backend's device only."""
+
+    backend: Backend | None = None
+
+    def _backend(self, build_dir: Path, manifest: BuildManifest) -> Backend:
+        built = backend_for(manifest)
+        if self.backend is not None and self.backend is not built:
+            raise EdgepackError(
+                f"{build_dir} was compiled for {manifest.profile_name} ({built.label}), so --on {self.on} cannot "
+                f"run it ({self.on} runs {self.backend.label} builds).",
+                f"Use --on {built.host_place} (or --on host), or compile for a {self.backend.label} profile.",
+            )
+        return built
+
+    def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
+            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        backend = self._backend(build_dir, manifest)
+        device = backend.host_device(log=progress)
+        try:
+            return run_host_library(build_dir, manifest, inputs, device), f"this machine: {describe_device(device)}"
+        except EdgepackError:
+            raise
+        except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
+            raise backend.run_error(exc, build_dir, "this machine") from exc
+
+    def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
+              progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
+        """Time ``host/model.so`` here with TVM's ``time_evaluator`` (threads: ``TVM_NUM_THREADS``)."""
+        import tvm
+        from tvm import relax
+
+        manifest = read_manifest(build_dir)
+        backend = self._backend(build_dir, manifest)
+        device = backend.host_device(log=progress)
+        started = time.monotonic()
+        with quiet_native_stderr():
+            executable = tvm.runtime.load_module(str(build_dir / manifest.artifacts["host_library"].path))
+        vm = relax.VirtualMachine(executable, device)
+        feeds = random_inputs(manifest.inputs)
+        args = [tvm.runtime.tensor(contiguous(feeds[s.name]), device=device) for s in manifest.inputs]
+        if progress:
+            progress(f"Timing {build_dir.name} on this machine: {repeat} x {number} run{'s' * (number != 1)}")
+        for _ in range(warmup):
+            vm["main"](*args)
+        device.sync()
+        vm.set_input("main", *args)
+        result = vm.time_evaluator("invoke_stateful", device, number=number, repeat=repeat)("main")
+        samples = tuple(float(s) * 1000.0 for s in result.results)
+        threads = os.environ.get("TVM_NUM_THREADS")
+        return [BenchResult(str(build_dir), "this machine", manifest.profile_name, platform.node(), repeat, number,
+                            warmup, samples, time.monotonic() - started, via="local",
+                            ran_on=describe_device(device), threads=int(threads) if threads else None)]
+
+
+@dataclass(frozen=True)
+class Emulator(Place):
+    """The device library under qemu-user (the C runner; no Python involved)."""
+
+    def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
+            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        return run_on_emulator(build_dir, manifest, inputs)
+
+
+@dataclass(frozen=True)
+class OnDevice(Place):
+    device: Device
+    inventory: Inventory
+
+    def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
+            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        return run_on_device(build_dir, manifest, inputs, self.device, progress=progress)
+
+    def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
+              progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
+        return [bench_on_device(build_dir, self.device, repeat, number, warmup, session_timeout=session_timeout,
+                                reconnect_window=reconnect_window, progress=progress)]
+
+
+@dataclass(frozen=True)
+class OnFarm(Place):
+    profile: str
+    inventory: Inventory
+
+    def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
+            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        return run_on_farm(build_dir, manifest, inputs, self.profile, self.inventory, progress=progress)
+
+    def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
+              progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
+        return bench_on_farm(build_dir, self.profile, self.inventory, repeat=repeat, number=number, warmup=warmup,
+                             all_devices=all_devices, session_timeout=session_timeout,
+                             reconnect_window=reconnect_window, progress=progress)
+
+
+def host_places() -> dict[str, Backend | None]:
+    """``--on`` values for this machine: ``host`` (the build's own backend) and each backend's own."""
+    places: dict[str, Backend | None] = {"host": None}
+    for backend in backends().values():
+        if backend.host_place != "host":
+            places[backend.host_place] = backend
+    return places
+
+
+def parse_place(on: str, inventory: Inventory | Path | str | None = None) -> Place:
+    """The place ``on`` names (see the module docstring), or a clear error listing what exists.
+
+    ``inventory`` (an Inventory or its path) defaults to ``$EDGEPACK_INVENTORY``, else
+    ``~/.config/edgepack/devices.toml``; it is only read for device and farm names.
+    """
+    here = host_places()
+    if on in here:
+        return ThisMachine(on, here[on])
+    if on == EMULATOR:
+        return Emulator(on)
+    devices = inventory if isinstance(inventory, Inventory) else load_inventory(Path(inventory) if inventory else None)
+    if on.startswith(FARM_PREFIX):
+        devices.resolve(on)  # an empty farm is a clear error now
+        return OnFarm(on, on.removeprefix(FARM_PREFIX), devices)
+    if on in devices.devices:
+        return OnDevice(on, devices.get(on), devices)
+    known = ", ".join(sorted(devices.devices)) or f"none in {devices.path}"
+    raise EdgepackError(
+        f"Unknown place to run on: {on!r}.",
+        f"Use --on {', --on '.join(here)} (this machine), --on emulator (qemu-user), a device name (known: {known}) "
+        "or farm:PROFILE; add devices with `edgepack device add`.",
+    )

@@ -1,0 +1,344 @@
+"""MetaSchedule made resumable: a search that never measures a schedule twice, a runner that blocks until
+a batch is measured, a task scheduler that joins finished batches before every pick, and records written
+as soon as they are measured."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgepack.tuning.records import FAILED_SECONDS, TuningTask
+
+PROBE_TRIALS = 4  # a task's first batch: every kernel gets a measured schedule before any gets many
+
+# ---------------------------------------------------------------------------------------------
+# resumable search: never measure a schedule that already has a record
+
+
+@dataclass
+class TaskPlan:
+    index: int
+    task: TuningTask
+    trials: int  # records so far
+    left: int  # trials this task may still get in this run
+    best: float | None
+    cap: int | None
+    known: dict[int, list[float] | None] = field(default_factory=dict)  # recorded: schedule hash -> run_secs
+    in_flight: list[int] = field(default_factory=list)  # schedule hashes of the batch being measured
+    skipped: int = 0
+    tuning: bool = True
+    exhausted: bool = False
+    history: list[float] = field(default_factory=list)  # best seconds after each batch (1e10: none valid yet)
+
+
+@dataclass
+class Control:
+    deadline: float | None  # time.monotonic() after which no new batch starts
+    left: int  # trials this run may still measure, all tasks together
+    stopped_by_time: bool = False
+    interrupted: bool = False  # SIGINT/SIGTERM: finish the batch in flight, then stop
+    lost: int = 0  # remote measurements lost to a dropped connection (not recorded)
+
+    def expired(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.stopped_by_time = True
+        return self.stopped_by_time
+
+
+def schedule_hash(mod) -> int:
+    import tvm_ffi
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
+def replay(workload_mod, trace):
+    """A record's schedule: its trace (postprocessing included) replayed on its kernel."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(workload_mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch
+
+
+def resumable_strategy_class():
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+    from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+
+    @derived_object
+    class ResumableSearch(PySearchStrategy):
+        """Wraps MetaSchedule's evolutionary search with the records already in the database.
+
+        * candidates whose schedule has a record are not measured again: the inner search is told
+          their recorded result instead;
+        * the task's budget (``plan.left``) and the run's deadline are enforced here.
+        """
+
+        def __init__(self, inner, plan: TaskPlan, control: Control) -> None:
+            self.inner = inner
+            self.plan = plan
+            self.control = control
+            self._pending: tuple[list, list] = ([], [])
+
+        def _initialize_with_tune_context(self, context) -> None:
+            self.inner._initialize_with_tune_context(context)
+
+        def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+            # the inner search gets no trial limit of its own: budgets are enforced in this wrapper
+            self.inner.pre_tuning(1 << 30, num_trials_per_iter, design_spaces, database, cost_model)
+
+        def post_tuning(self) -> None:
+            self.inner.post_tuning()
+
+        def generate_measure_candidates(self):
+            plan, control = self.plan, self.control
+            if plan.left <= 0 or control.left <= 0 or control.interrupted or control.expired():
+                return None
+            for _ in range(32):  # rounds that only proposed recorded schedules
+                try:
+                    candidates = self.inner.generate_measure_candidates()
+                except Exception as exc:  # noqa: BLE001 - a gap in TVM's search ends this task, not the run
+                    logging.getLogger("tvm.s_tir.meta_schedule").warning(
+                        "search failed for %s, which keeps what it has: %s", plan.task.name, exc)
+                    candidates = None
+                if candidates is None:
+                    plan.exhausted = True
+                    return None
+                fresh, fresh_hashes, known, known_results = [], [], [], []
+                for candidate in candidates:
+                    digest = schedule_hash(candidate.sch.mod)
+                    if digest in plan.known or digest in fresh_hashes:
+                        run_secs = plan.known.get(digest)
+                        known.append(candidate)
+                        known_results.append(RunnerResult(run_secs, None) if run_secs
+                                             else RunnerResult(None, "failed before (recorded)"))
+                    else:
+                        fresh.append(candidate)
+                        fresh_hashes.append(digest)
+                plan.skipped += len(known)
+                if fresh:
+                    limit = min(plan.left, control.left, PROBE_TRIALS if not plan.history else len(fresh))
+                    fresh, fresh_hashes = fresh[:limit], fresh_hashes[:limit]
+                    control.left -= len(fresh)  # reserved now: the scheduler may start other batches meanwhile
+                    self._pending = (known, known_results)
+                    plan.in_flight = fresh_hashes
+                    return fresh
+                self.inner.notify_runner_results(known, known_results)
+            plan.exhausted = True
+            return None
+
+        def notify_runner_results(self, measure_candidates, results) -> None:
+            known, known_results = self._pending
+            self._pending = ([], [])
+            self.inner.notify_runner_results(list(known) + list(measure_candidates),
+                                             list(known_results) + list(results))
+            # plan.known learns of this batch from the recorder: only what it records counts as done
+            self.plan.left -= len(measure_candidates)
+
+        def clone(self):
+            return ResumableSearch(self.inner.clone(), self.plan, self.control)
+
+    return ResumableSearch
+
+
+def blocking_runner_class():
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import PyRunner
+
+    @derived_object
+    class BlockingRunner(PyRunner):
+        """Returns a batch's futures only once they are all done.
+
+        MetaSchedule's scheduler otherwise builds the next batch while the runner measures, and adds
+        finished measurements to the database only when it gets back to them: a kill in between loses
+        them. Waiting here means every batch is recorded right after it is measured, and that no
+        compilation runs beside a measurement on a small machine (which skews timings).
+        """
+
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def run(self, runner_inputs):
+            futures = self.inner.run(runner_inputs)
+            for future in futures:
+                future.result()
+            return futures
+
+    return BlockingRunner
+
+
+def scheduler_class():
+    import random
+
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.task_scheduler import PyTaskScheduler
+
+    @derived_object
+    class GradientScheduler(PyTaskScheduler):
+        """MetaSchedule's gradient-based task scheduler, aware of the records of earlier runs.
+
+        Each task first gets a small probe batch (heaviest first: weight x flop), except tasks that
+        already have records: an untuned kernel is far slower than any measured schedule, so every
+        kernel gets one before any gets many. Then the next batch goes to the task whose weighted
+        latency (weight x best latency, its share of the model's time) is expected to drop most:
+        ``weight * (alpha * recent slope + (1 - alpha) * best / rounds)``, as TVM's ``GradientBased``
+        does, with the history of earlier runs rebuilt from the records. Finished batches are joined
+        (and so recorded) before every pick.
+        """
+
+        def __init__(self, plans: list[TaskPlan], on_pick: Callable[[int], None], alpha: float = 0.2,
+                     window: int = 3, seed: int = 0) -> None:
+            self.plans = plans
+            self.on_pick = on_pick
+            self.alpha = alpha
+            self.window = window
+            self.rng = random.Random(seed)
+
+        def next_task_id(self) -> int:
+            task_id = self._pick()
+            if task_id >= 0:
+                self.on_pick(task_id)
+            return task_id
+
+        def _pick(self) -> int:
+            outer = self._outer()
+            records = outer.tasks_
+            alive = []
+            for i in range(len(records)):
+                if not records[i].is_terminated:
+                    outer.touch_task(i)  # joins a finished batch: its records are written now
+                if not records[i].is_terminated:
+                    alive.append(i)
+            if not alive:
+                return -1
+            fresh = [i for i in alive if not self.plans[i].history]
+            if fresh:
+                return max(fresh, key=lambda i: (self.plans[i].task.weight * self.plans[i].task.flop, -i))
+            grads = []
+            for i in alive:
+                history = self.plans[i].history
+                best, n, w = history[-1], len(history), self.window
+                if best >= FAILED_SECONDS:
+                    grads.append(-1e9)
+                    continue
+                slope = (history[-1 - w] - best) / w if n >= 1 + w else 0.0
+                grads.append((self.alpha * slope + (1 - self.alpha) * best / n) * self.plans[i].task.weight)
+            top = max(grads)
+            return self.rng.choice([i for i, g in zip(alive, grads) if g == top])
+
+    return GradientScheduler
+
+
+def history_from_records(latencies: list[float | None], batch: int) -> list[float]:
+    """Best latency after each batch-sized chunk of a task's records (in the order they were made)."""
+    history, best = [], FAILED_SECONDS * 10
+    for start in range(0, len(latencies), batch):
+        for value in latencies[start:start + batch]:
+            if value is not None and value < best:
+                best = value
+        history.append(best)
+    return history
+
+
+def record_callback_class():
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class RecordAndReport(PyMeasureCallback):
+        """MetaSchedule's ``AddToDatabase`` (one appended line per measurement), then progress.
+
+        The difference: after an interrupt, candidates whose build or run failed are not recorded;
+        their workers were most likely killed by the same Ctrl-C, and a rerun should try them again.
+        """
+
+        def __init__(self, database, control: Control, on_batch: Callable[[int, list], None],
+                     remote: bool = False) -> None:
+            self.database = database
+            self.control = control
+            self.on_batch = on_batch
+            self.remote = remote
+
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+            context = task_scheduler.tasks_[task_id].ctx
+            workload = self.database.commit_workload(context.mod)
+            recorded: list[tuple[int, list[float] | None]] = []  # (position in the batch, run_secs; None: failed)
+            for position, (candidate, built, result) in enumerate(
+                    zip(measure_candidates, builder_results, runner_results)):
+                failed = built.error_msg is not None or not result.run_secs
+                if failed and self.control.interrupted:
+                    continue
+                if failed and self.remote and built.error_msg is None and _lost_device(result.error_msg):
+                    self.control.lost += 1  # the device, not the candidate, failed: a rerun measures it
+                    continue
+                run_secs = [float(v) for v in result.run_secs] if not failed else None
+                self.database.commit_tuning_record(TuningRecord(
+                    candidate.sch.trace, workload, run_secs or [1e10], context.target, candidate.args_info))
+                recorded.append((position, run_secs))
+            self.on_batch(int(task_id), recorded)
+
+    return RecordAndReport
+
+
+_LOST_DEVICE = ("timeout", "timed out", "connection", "connect to", "broken pipe", "reset by peer", "closed",
+                "kshutdown", "eof", "subprocess terminated", "no route", "unreachable", "session")
+
+
+def _lost_device(message: str | None) -> bool:
+    """Whether a remote run failed because the link or the device went away (not the candidate)."""
+    text = (message or "").lower()
+    return any(word in text for word in _LOST_DEVICE)
+
+
+def load_known(database, tasks: list[TuningTask]) -> dict[str, list[tuple[Any, list[float] | None, int]]]:
+    """Per workload hash: (record, run_secs, schedule hash) for every record in the database."""
+    import tvm_ffi
+
+    wanted = {t.workload for t in tasks}
+    by_workload: dict[str, list] = {}
+    cache: dict[int, str] = {}
+    for record in database.get_all_tuning_records():
+        # keyed by the C++ object, which the database keeps alive: id() of the short-lived Python
+        # wrapper is reused, and gave records to the wrong kernel (which then measured them again)
+        key = record.workload.__chandle__()
+        workload = cache.get(key)
+        if workload is None:
+            workload = cache[key] = str(tvm_ffi.structural_hash(record.workload.mod))
+        if workload not in wanted:
+            continue
+        run_secs = [float(s) for s in record.run_secs] if record.run_secs else None
+        if run_secs and sum(run_secs) / len(run_secs) >= FAILED_SECONDS:
+            run_secs = None
+        try:
+            sch = replay(record.workload.mod, record.trace)
+            digest = schedule_hash(sch.mod)
+        except Exception:  # noqa: BLE001 - a record that no longer applies is still a finished trial
+            digest = -1
+            sch = None
+        by_workload.setdefault(workload, []).append((record, run_secs, digest, sch))
+    return by_workload
+
+
+def warm_start(cost_model, contexts, plans: list[TaskPlan], known: dict[str, list]) -> int:
+    """Train the cost model on the recorded measurements, so that a resumed search is not blind."""
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+    from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+
+    used = 0
+    for context, plan in zip(contexts, plans):
+        candidates, results = [], []
+        for record, run_secs, _digest, sch in known.get(plan.task.workload, []):
+            if sch is None or not run_secs:
+                continue
+            candidates.append(MeasureCandidate(sch, record.args_info))
+            results.append(RunnerResult(run_secs, None))
+        if candidates:
+            cost_model.update(context, candidates, results)
+            used += len(candidates)
+    return used
+
+

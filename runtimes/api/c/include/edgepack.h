@@ -1,0 +1,243 @@
+/*
+ * edgepack.h - run a model compiled by edgepack, from C, with no Python on the device.
+ *
+ * A model is a TVM Relax VM executable, either
+ *   - a shared library (model.so) loaded at run time:   ep_model_open(), ep_model_open_memory()
+ *   - a static "system library" (libmodel.a) linked into the program:  ep_model_open_system_lib()
+ * plus its tensor metadata (names, dtypes, shapes; see "Metadata" below).
+ * The program links the TVM runtime: libtvm_runtime + libtvm_ffi (shared, or static archives
+ * wrapped in -Wl,--whole-archive ... -Wl,--no-whole-archive).
+ *
+ * Conventions
+ *   - Every function returns an ep_status; EP_OK (0) is success. On failure a readable message
+ *     is available from ep_last_error() in the same thread. No function aborts the process
+ *     or throws.
+ *   - Indices are 0-based. Shapes are row-major (C order) and dense.
+ *
+ * Ownership
+ *   - ep_model_open*() returns a model the caller owns; release it with ep_model_close(&model),
+ *     which also sets the caller's pointer to NULL, so later calls on it fail with
+ *     EP_ERR_INVALID_ARGUMENT instead of touching freed memory.
+ *   - Strings and ep_tensor_info returned by the library belong to the model and stay valid
+ *     until ep_model_close().
+ *   - ep_model_set_input() does NOT copy a buffer that is EP_ALIGNMENT-byte aligned: the model
+ *     reads the caller's memory during ep_model_run(), so it must stay valid and unchanged until
+ *     the run returns (or until the input is set again / the model is closed). A buffer that is
+ *     not aligned is copied into memory owned by the model. ep_alloc() gives aligned memory.
+ *   - Output pointers from ep_model_get_output() point into memory owned by the model; they stay
+ *     valid until the next ep_model_run() or ep_model_close() of that model.
+ *
+ * Thread safety
+ *   - One model handle must be used by one thread at a time (serialise calls yourself).
+ *   - Different model handles may be used concurrently from different threads.
+ *   - ep_last_error() is per thread.
+ *   - The number of worker threads TVM uses for one run is set by the environment variable
+ *     TVM_NUM_THREADS (default: one per core), read when the first model runs. Each thread that
+ *     calls ep_model_run() gets its own pool of TVM worker threads.
+ *
+ * Metadata
+ *   The compiled library does not record dtypes and shapes, so edgepack writes them as text:
+ *       edgepack-model-meta 1
+ *       input  <name> <dtype> <d0,d1,...>
+ *       output <name> <dtype> <d0,d1,...>
+ *   one line per tensor, in the order of the model's parameters / results. <name> is
+ *   percent-encoded (%XX for '%', white space and bytes outside 0x21..0x7E); <dtype> is one of
+ *   float32 float16 bfloat16 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool;
+ *   the shape of a 0-d tensor is "-". Empty lines and lines starting with '#' are ignored.
+ *   The metadata is looked up, in this order: the explicit argument of ep_model_open*(); a
+ *   function "edgepack_meta" embedded in the model library by edgepack; for ep_model_open() the
+ *   file next to the library with its extension replaced by ".meta" (model.so -> model.meta).
+ */
+#ifndef EDGEPACK_H_
+#define EDGEPACK_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define EP_API
+#else
+#define EP_API __attribute__((visibility("default")))
+#endif
+
+/** Version of this API; bumped when a signature changes. */
+#define EP_API_VERSION 1
+
+/** Maximum tensor rank supported by the API. */
+#define EP_MAX_NDIM 8
+
+/** Input buffers aligned to this many bytes are used in place (no copy). */
+#define EP_ALIGNMENT 64
+
+/** Result of every call. */
+typedef enum {
+  EP_OK = 0,
+  EP_ERR_INVALID_ARGUMENT = 1, /**< NULL handle or pointer, closed model, bad argument value */
+  EP_ERR_NOT_FOUND = 2,        /**< model or metadata file missing; unknown tensor name */
+  EP_ERR_LOAD = 3,             /**< library cannot be loaded: wrong architecture, not a model */
+  EP_ERR_METADATA = 4,         /**< metadata missing, malformed, or not matching the model */
+  EP_ERR_INDEX = 5,            /**< input/output index out of range */
+  EP_ERR_SHAPE = 6,            /**< shape or byte size does not match the model */
+  EP_ERR_DTYPE = 7,            /**< dtype does not match the model */
+  EP_ERR_STATE = 8,            /**< call not valid now (e.g. run before all inputs are set) */
+  EP_ERR_RUNTIME = 9,          /**< the TVM runtime reported an error */
+  EP_ERR_NO_MEMORY = 10,       /**< allocation failed */
+  EP_ERR_IO = 11               /**< reading or writing a file failed */
+} ep_status;
+
+/** Element type of a tensor. */
+typedef enum {
+  EP_DTYPE_UNKNOWN = 0,
+  EP_DTYPE_FLOAT32 = 1,
+  EP_DTYPE_FLOAT16 = 2,
+  EP_DTYPE_BFLOAT16 = 3,
+  EP_DTYPE_FLOAT64 = 4,
+  EP_DTYPE_INT8 = 5,
+  EP_DTYPE_INT16 = 6,
+  EP_DTYPE_INT32 = 7,
+  EP_DTYPE_INT64 = 8,
+  EP_DTYPE_UINT8 = 9,
+  EP_DTYPE_UINT16 = 10,
+  EP_DTYPE_UINT32 = 11,
+  EP_DTYPE_UINT64 = 12,
+  EP_DTYPE_BOOL = 13
+} ep_dtype;
+
+/** Description of one model input or output (from the metadata). */
+typedef struct {
+  const char* name;            /**< tensor name, owned by the model */
+  ep_dtype dtype;              /**< element type */
+  int32_t ndim;                /**< rank, 0..EP_MAX_NDIM */
+  int64_t shape[EP_MAX_NDIM];  /**< extents; entries past ndim are 0 */
+  size_t byte_size;            /**< dense size in bytes */
+} ep_tensor_info;
+
+/** Opaque model handle. */
+typedef struct ep_model ep_model;
+
+/* ---- errors and helpers ------------------------------------------------------------------ */
+
+/** Message of the last failed call in this thread ("" if none). Valid until the next call. */
+EP_API const char* ep_last_error(void);
+/** Constant name of a status, e.g. "EP_ERR_SHAPE". */
+EP_API const char* ep_status_name(ep_status status);
+/** Name of a dtype as used in the metadata ("float32"), "unknown" otherwise. */
+EP_API const char* ep_dtype_name(ep_dtype dtype);
+/** Dtype from its metadata name; EP_DTYPE_UNKNOWN if not recognised. */
+EP_API ep_dtype ep_dtype_from_name(const char* name);
+/** Size of one element in bytes (bool: 1); 0 for EP_DTYPE_UNKNOWN. */
+EP_API size_t ep_dtype_size(ep_dtype dtype);
+/** Allocate size bytes aligned to EP_ALIGNMENT (NULL on failure); release with ep_free(). */
+EP_API void* ep_alloc(size_t size);
+/** Release memory from ep_alloc(); NULL is ignored. */
+EP_API void ep_free(void* ptr);
+
+/* ---- opening and closing ----------------------------------------------------------------- */
+
+/**
+ * Load a model shared library (e.g. "model.so").
+ * The library must be an ordinary TVM export, not one built as a system library (those register
+ * themselves process-wide when loaded; edgepack builds system libraries only as static archives).
+ * @param lib_path   path of the library compiled for this machine
+ * @param meta_path  metadata file, or NULL to use the embedded metadata or "<lib_path without
+ *                   extension>.meta"
+ * @param out_model  receives the model on success, NULL on failure
+ * Errors: EP_ERR_NOT_FOUND (file missing), EP_ERR_LOAD (wrong architecture, not a TVM model),
+ *         EP_ERR_METADATA.
+ */
+EP_API ep_status ep_model_open(const char* lib_path, const char* meta_path, ep_model** out_model);
+
+/**
+ * Load a model shared library from memory (the bytes of model.so). The bytes are copied (to an
+ * in-memory file, or a temporary file where memfd_create is unavailable) and can be freed after
+ * the call.
+ * @param meta_text  metadata text, or NULL to use the metadata embedded in the library
+ */
+EP_API ep_status ep_model_open_memory(const void* lib_data, size_t lib_size,
+                                      const char* meta_text, ep_model** out_model);
+
+/**
+ * Open the model statically linked into this program (an edgepack system-library archive,
+ * linked with -Wl,--whole-archive).
+ * @param prefix     the model's system-lib symbol prefix; NULL or "" for the default
+ * @param meta_text  metadata text, or NULL to use the metadata embedded in the archive
+ * Errors: EP_ERR_NOT_FOUND when no model with that prefix is linked in.
+ */
+EP_API ep_status ep_model_open_system_lib(const char* prefix, const char* meta_text,
+                                          ep_model** out_model);
+
+/** Release a model and set *model to NULL. NULL and *model == NULL are accepted (EP_OK). */
+EP_API ep_status ep_model_close(ep_model** model);
+
+/* ---- GPU models (OpenCL) ----------------------------------------------------------------- */
+
+/**
+ * Load a TVM runtime plug-in into this process, e.g. edgepack's OpenCL runtime
+ * (lib/libtvm_opencl.so of a C bundle for mali-g610 / adreno-6xx). Models compiled for an OpenCL
+ * GPU need it loaded before they are opened. Loading the same file again is harmless; a plug-in
+ * is never unloaded.
+ *
+ * ep_model_open() does this by itself: when no OpenCL runtime is registered yet it loads
+ * $EDGEPACK_OPENCL_PLUGIN if set, else libtvm_opencl.so from the model library's directory (if
+ * present). Programs linked statically with libtvm_opencl.a (-Wl,--whole-archive) need nothing.
+ * A model that runs OpenCL kernels is then run on OpenCL device 0 (the first GPU of the driver;
+ * see runtimes/plugins/opencl/README.md for EDGEPACK_OPENCL_* settings): inputs are copied to the device
+ * and outputs back to CPU memory by ep_model_run(), so the rest of this API is unchanged.
+ * Vulkan models (vulkan-generic, mali-g610-vulkan) work the same way with edgepack's Vulkan
+ * runtime: lib/libtvm_vulkan.so ($EDGEPACK_VULKAN_PLUGIN), which loads lib/libwgpu_native.so from
+ * its own directory (see runtimes/plugins/vulkan/README.md); they run on TVM's webgpu device 0.
+ * Errors: EP_ERR_LOAD with the dynamic loader's message.
+ */
+EP_API ep_status ep_load_plugin(const char* path);
+
+/* ---- introspection ----------------------------------------------------------------------- */
+
+EP_API ep_status ep_model_num_inputs(const ep_model* model, int* out_count);
+EP_API ep_status ep_model_num_outputs(const ep_model* model, int* out_count);
+/** Copy the description of input `index` into *out_info (name stays owned by the model). */
+EP_API ep_status ep_model_input_info(const ep_model* model, int index, ep_tensor_info* out_info);
+EP_API ep_status ep_model_output_info(const ep_model* model, int index, ep_tensor_info* out_info);
+/** Index of the input called `name`; EP_ERR_NOT_FOUND if there is none. */
+EP_API ep_status ep_model_find_input(const ep_model* model, const char* name, int* out_index);
+EP_API ep_status ep_model_find_output(const ep_model* model, const char* name, int* out_index);
+
+/* ---- running ----------------------------------------------------------------------------- */
+
+/**
+ * Set input `index` from a dense buffer of exactly the input's byte_size bytes, laid out with
+ * the dtype and shape of ep_model_input_info(). See "Ownership" for when the buffer is copied.
+ * Errors: EP_ERR_INDEX, EP_ERR_SHAPE (byte_size differs).
+ */
+EP_API ep_status ep_model_set_input(ep_model* model, int index, const void* data,
+                                    size_t byte_size);
+
+/**
+ * Like ep_model_set_input() but states what the buffer holds, so that a mismatch is reported
+ * precisely: EP_ERR_DTYPE if dtype differs, EP_ERR_SHAPE if ndim/shape differ.
+ */
+EP_API ep_status ep_model_set_input_typed(ep_model* model, int index, const void* data,
+                                          ep_dtype dtype, int32_t ndim, const int64_t* shape);
+
+/** Run the model once. Errors: EP_ERR_STATE if an input was never set, EP_ERR_RUNTIME. */
+EP_API ep_status ep_model_run(ep_model* model);
+
+/**
+ * Borrow output `index` of the last run: *out_data points to byte_size bytes owned by the model.
+ * Errors: EP_ERR_STATE before the first successful run, EP_ERR_INDEX.
+ */
+EP_API ep_status ep_model_get_output(const ep_model* model, int index, const void** out_data,
+                                     size_t* out_byte_size);
+
+/** Copy output `index` of the last run into dst (dst_size must be >= its byte_size). */
+EP_API ep_status ep_model_copy_output(const ep_model* model, int index, void* dst,
+                                      size_t dst_size);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* EDGEPACK_H_ */
