@@ -40,6 +40,6 @@ if ! "$PYTHON" -c "import edgepack, tvm, onnxruntime, ai_edge_litert, pytest, xg
 fi
 # wgpu-native (pinned PyPI wgpu wheel, SHA-256 checked) for Vulkan builds: fetched into edgepack's cache
 # now, while online, rather than in the middle of a test run. Not fatal offline.
-"$PYTHON" -c "from edgepack import vulkan; [vulkan.wgpu_native(t) for t in vulkan.WGPU_WHEELS]" 2>/dev/null \
+"$PYTHON" -c "from edgepack.toolchain.wgpu_native import WGPU_WHEELS, wgpu_native; [wgpu_native(t) for t in WGPU_WHEELS]" 2>/dev/null \
   || echo "==> note: wgpu-native (PyPI wgpu==0.32.0) could not be fetched now; Vulkan profiles fetch it on first use"
 echo "==> edgepack $("$PYTHON" -m edgepack --version | cut -d' ' -f2) ready"
