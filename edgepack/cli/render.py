@@ -82,7 +82,7 @@ def profiles_table(profiles) -> None:
         if p.status != "supported":
             notes.append(f"[yellow]{p.name}[/]: {p.status_note or p.status}")
             status = f"[yellow]{p.status}[/]"
-        chip = p.target.get("mcpu") or p.target.get("device") or ("generic" if p.target["kind"] == "llvm" else p.target["kind"])
+        chip = p.target.get("mcpu") or p.target.get("device") or "generic"
         table.add_row(p.name, p.backend, p.triple, chip, status, *([p.description] if wide else []))
     console.print(table)
     if not wide:

@@ -38,18 +38,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from edgepack.devices.deploy import endpoint_for, home_dir, read_remote_text, say
-from edgepack.devices.errors import ConnectionLostError
-from edgepack.devices.inventory import device_profile
+from edgepack.devices.errors import ConnectionLostError, RemoteError
+from edgepack.devices.inventory import Device, Inventory, InventoryError, device_profile
 from edgepack.devices.server import pid_alive, server_files, server_key
 from edgepack.devices.session import LinkDropped, bring_up, deadline, run_remote_op
+from edgepack.devices.ssh import connect
 from edgepack.devices.tunnel import pump
-from edgepack.progress import Progress
-from edgepack.text import short, utc_timestamp
-
-from edgepack.devices.errors import RemoteError
-from edgepack.devices.inventory import Device, Inventory, InventoryError
 from edgepack.errors import EdgepackError
 from edgepack.files import write_text_atomic
+from edgepack.progress import Progress
+from edgepack.text import short, utc_timestamp
 
 T = TypeVar("T")
 
@@ -572,9 +570,6 @@ def on_tracker_device(state: FarmState, inventory: Inventory, profile: Any, op: 
 
 
 def _device_healthy(device: Device, profile: Any, known_hosts: Path | None) -> bool:
-
-    from edgepack.devices.ssh import connect
-
     try:
         with connect(endpoint_for(device, known_hosts, connect_timeout=5.0)) as session:
             text = read_remote_text(session, server_files(device, home_dir(session))["info"])

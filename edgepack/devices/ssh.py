@@ -52,6 +52,7 @@ from edgepack.devices.errors import (
 )
 from edgepack.errors import EdgepackError
 from edgepack.files import file_sha256
+from edgepack.paths import config_root
 
 # paramiko logs failed handshakes with tracebacks from its transport thread; without a handler of
 # its own they reach stderr through logging's last resort. Our errors say it better; an application
@@ -65,8 +66,6 @@ DEFAULT_KEEPALIVE = 15
 
 def default_known_hosts_path() -> Path:
     """edgepack's own known hosts file (``$XDG_CONFIG_HOME/edgepack/known_hosts``)."""
-    from edgepack.paths import config_root
-
     return config_root() / "known_hosts"
 
 

@@ -150,22 +150,21 @@ def _compile_meta_object(meta_text: str, prefix: str, out: Path, cc: str, cflags
     return out
 
 
-def _llvm_modules(executable) -> list:
-    mod = executable.mod
-    found, stack = [], [mod]
+def system_lib_prefix(executable) -> str | None:
+    """The system-lib symbol prefix of a compiled executable, or None if it is not a system lib.
+
+    The host-code module (LLVM's) of the executable answers ``__tvm_is_system_module``; kernel modules
+    (OpenCL, WGSL) and the VM's own do not have the function."""
+    stack = [executable.mod]
     while stack:
         m = stack.pop()
-        if m.kind == "llvm":
-            found.append(m)
-        stack.extend(m.imports)
-    return found
-
-
-def system_lib_prefix(executable) -> str | None:
-    """The system-lib symbol prefix of a compiled executable, or None if it is not a system lib."""
-    for m in _llvm_modules(executable):
-        if m.get_function("__tvm_is_system_module")():
+        try:
+            is_system = m.get_function("__tvm_is_system_module", query_imports=False)
+        except AttributeError:  # not a host-code module
+            is_system = None
+        if is_system is not None and is_system():
             return str(m.get_function("__tvm_get_system_lib_prefix")())
+        stack.extend(m.imports)
     return None
 
 
