@@ -22,7 +22,7 @@ def models() -> dict[str, TestModel]:
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory):
     """Compile each (model, profile) once per session; tests share the build directories."""
-    from edgepack.compiler import compile_model
+    from edgepack.compiling import compile_model
 
     root = tmp_path_factory.mktemp("builds")
     built: dict[tuple[str, str], Path] = {}

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
 
-from edgepack.compiler import compile_model
+from edgepack.compiling import compile_model
 from edgepack.errors import OutputExistsError, ToolchainError
 from edgepack.manifest import read_manifest
-from edgepack.validation import load_inputs, run_on_host, validate
+from edgepack.run.host import run_on_host
+from edgepack.tensors import load_inputs
+from edgepack.validation import validate
 
 MODELS = ["light_resnet50", "light_squeezenet", "light_shufflenet", "face_detection_short_range",
           "ppocr_cls", "mobilenetv2"]
@@ -38,7 +40,7 @@ def test_light_models_match_the_outputs_shipped_with_them(models, build_cache, n
     model = models[name]
     build = build_cache(model, "rpi4")
     manifest = read_manifest(build)
-    actual = run_on_host(build, manifest, load_inputs(model.inputs, manifest.inputs))
+    actual, _ran_on = run_on_host(build, manifest, load_inputs(model.inputs, manifest.inputs))
     with np.load(model.expected) as expected:
         np.testing.assert_allclose(actual[0], expected[expected.files[0]], rtol=1e-3, atol=1e-5)
     assert validate(build, "host", inputs=model.inputs).passed

@@ -3,7 +3,7 @@ import pytest
 from model_factory import onnx_with_unsupported_ops, tflite_with_custom_op
 
 from edgepack.errors import ModelError, ShapeError
-from edgepack.importers import detect_format, import_model, inspect_model, parse_input_shapes
+from edgepack.frontends import detect_format, import_model, inspect_model, parse_input_shapes
 
 
 def test_inspect_reads_real_models(models):
@@ -103,6 +103,6 @@ def test_inspect_reports_per_operator_support(models, tmp_path):
     # operators edgepack converts itself (TVM 0.27's frontend lacks them) count as supported
     sparse = inspect_model(models["face_detection_sparse"].path)
     assert not sparse.unsupported_operators and sparse.support_summary()["unsupported_nodes"] == 0
-    from edgepack.onnx_ops import supported_operators
+    from edgepack.frontends.onnx_ops import supported_operators
 
     assert {"Celu", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "If"} <= supported_operators()

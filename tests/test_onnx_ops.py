@@ -6,8 +6,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgepack.compiler import HOST_TARGET, build
-from edgepack.importers import import_model
+from edgepack.backends import get_backend
+from edgepack.frontends import import_model
+
+HOST_TARGET = {"kind": "llvm"}
+
+
+def build(imported, target):
+    """The model compiled for ``target`` by the CPU backend (TVM's default CPU pipeline)."""
+    return get_backend("cpu").build(imported, target).executable
 
 
 def _run_both(model, feeds, tmp_path):
@@ -15,7 +22,7 @@ def _run_both(model, feeds, tmp_path):
     import tvm
     from tvm import relax
 
-    from edgepack.validation import flatten_outputs
+    from edgepack.run.host import flatten_outputs
 
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
@@ -74,6 +81,7 @@ def test_residual_sum_and_relu6_fuse_into_the_convolution(tmp_path):
     through), in NCHW and channels-last, and match ONNX Runtime."""
     import tvm
 
+    from edgepack.backends import TuningLayout
     from edgepack.tuning import extract_tasks
 
     rng = np.random.default_rng(0)
@@ -91,6 +99,7 @@ def test_residual_sum_and_relu6_fuse_into_the_convolution(tmp_path):
 
     imported = import_model(tmp_path / "m.onnx")
     for channels_last in (False, True):
-        tasks, _ = extract_tasks(imported, tvm.target.Target(HOST_TARGET), channels_last=channels_last)
+        tasks, _ = extract_tasks(imported, get_backend("cpu"), tvm.target.Target(HOST_TARGET),
+                                 TuningLayout(channels_last=channels_last))
         names = [t.name for t in tasks if "transpose" not in t.name]
         assert len(names) == 1 and all(op in names[0] for op in ("conv2d", "add", "maximum", "minimum")), names

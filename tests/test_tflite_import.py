@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 from tflite_factory import int8_convnet
 
-from edgepack.compiler import HOST_TARGET, build
-from edgepack.importers import import_model, inspect_model
+from edgepack.backends import get_backend
+from edgepack.frontends import import_model, inspect_model
+
+HOST_TARGET = {"kind": "llvm"}
 
 
 def _litert(path, x):
@@ -23,9 +25,9 @@ def _edgepack(path, x):
     import tvm
     from tvm import relax
 
-    from edgepack.validation import flatten_outputs
+    from edgepack.run.host import flatten_outputs
 
-    executable = build(import_model(path), tvm.target.Target(HOST_TARGET))
+    executable = get_backend("cpu").build(import_model(path), tvm.target.Target(HOST_TARGET)).executable
     return flatten_outputs(relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)))
 
 
