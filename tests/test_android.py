@@ -22,12 +22,33 @@ import numpy as np
 import pytest
 from conftest import assert_clean_error
 
-from edgepack import android, native
 from edgepack.errors import EdgepackError, ToolchainError
-from edgepack.importers import TensorSpec
+from edgepack.frontends import run_reference
 from edgepack.manifest import BuildManifest, read_manifest
-from edgepack.reference import run_reference
-from edgepack.validation import compare, random_inputs
+from edgepack.packaging.android import package_android
+from edgepack.packaging.android.aar import (
+    JNI_LIBRARY,
+    AbiLibraries,
+    assemble_aar,
+    build_jni_library,
+    manifest_xml_text,
+    write_android_package,
+)
+from edgepack.packaging.android.elf import read_elf
+from edgepack.packaging.android.java import (
+    android_sources_dir,
+    android_stub_sources,
+    default_class_name,
+    generate_java_sources,
+    java_tensors,
+)
+from edgepack.packaging.android.javac import compile_java, compile_java_api, jdk_include_dirs, make_jar
+from edgepack.tensors import TensorSpec, random_inputs
+from edgepack.toolchain import tvm_runtime
+from edgepack.toolchain.android_ndk import ABI_MACHINES, ABIS, EM_X86_64
+from edgepack.toolchain.model_library import export_model_shared, model_meta_text
+from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.validation import compare
 
 PACKAGE = "com.example.vision"
 NDK_VARS = ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT", "TVM_NDK_CC")
@@ -62,12 +83,12 @@ def _fake_manifest(inputs, outputs, source="weird-model.onnx") -> BuildManifest:
 @pytest.fixture(scope="session")
 def stubs(tmp_path_factory) -> Path:
     _needs("javac", "java")
-    return android.compile_java(android.android_stub_sources(), tmp_path_factory.mktemp("android-stubs"), werror=True)
+    return compile_java(android_stub_sources(), tmp_path_factory.mktemp("android-stubs"), werror=True)
 
 
 @pytest.fixture(scope="session")
 def host_runtime():
-    return native.host_runtime()
+    return tvm_runtime.host_runtime()
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +100,8 @@ def wheel_lib_dirs(host_runtime) -> list[str]:
 def host_jni(tmp_path_factory, host_runtime, wheel_lib_dirs) -> Path:
     """libedgepack_jni.so for this machine, against the x86 wheel's runtime; warnings are errors."""
     _needs("gcc", "javac")
-    out = tmp_path_factory.mktemp("jni") / android.JNI_LIBRARY
-    return android.build_jni_library(host_runtime, out, "gcc", android.jdk_include_dirs(), werror=True,
+    out = tmp_path_factory.mktemp("jni") / JNI_LIBRARY
+    return build_jni_library(host_runtime, out, "gcc", jdk_include_dirs(), werror=True,
                                      rpath=wheel_lib_dirs)
 
 
@@ -90,7 +111,7 @@ def tiny_build(tmp_path_factory) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    from edgepack.compiler import compile_model
+    from edgepack.compiling import compile_model
 
     d = tmp_path_factory.mktemp("tiny")
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "r"], ["y"]),
@@ -173,7 +194,7 @@ public class FakeContext extends Context {
 def run_model_harness(manifest: BuildManifest, cls: str) -> str:
     """RunModel <file|bytes|context> <library|libdir> <dir> [apk cache]: reads dir/in<i>.bin, writes
     dir/out<i>.bin (run into given buffers) and dir/alt<i>.bin (run returning Outputs)."""
-    inputs, outputs = android.java_tensors(manifest)
+    inputs, outputs = java_tensors(manifest)
     lines = [f"    {t.buffer_type} {t.ident} = {cls}.{t.allocator}();\n"
              f"    fill({t.ident}, a[2] + \"/in{t.index}.bin\");" for t in inputs]
     lines += [f"    {t.buffer_type} {t.ident} = {cls}.{t.allocator}();" for t in outputs]
@@ -209,10 +230,10 @@ public class RunModel {{
 
 
 def compile_api(manifest: BuildManifest, cls: str, out: Path, stubs: Path, extra: dict[str, str] | None = None) -> Path:
-    sources = android.generate_java_sources(manifest, PACKAGE, cls)
-    android.compile_java(sources, out / "api", [stubs], werror=True)
+    sources = generate_java_sources(manifest, PACKAGE, cls)
+    compile_java(sources, out / "api", [stubs], werror=True)
     harness = {"FakeContext.java": FAKE_CONTEXT, **(extra or {})}
-    return android.compile_java(harness, out / "harness", [out / "api", stubs])
+    return compile_java(harness, out / "harness", [out / "api", stubs])
 
 
 def java(classpath: list[Path], main: str, *args, library_path: list[str], extra_props=(), check=True,
@@ -256,21 +277,21 @@ def test_generated_class_names_types_and_javadoc(stubs, tmp_path):
         [("input:0", "float32", (1, 3, 8, 8)), ("class", "int64", (2,)), ("1st mask", "uint8", (4,)),
          ("input_0", "float16", ())],
         [("scores", "float32", (1, 10)), ("out", "int32", (1,)), ("scores!", "float64", (2, 2))])
-    inputs, outputs = android.java_tensors(manifest)
+    inputs, outputs = java_tensors(manifest)
     assert [t.ident for t in inputs] == ["input0", "classTensor", "t1stMask", "input02"]
     assert [t.ident for t in outputs] == ["scores", "out2", "scores2"]  # `out` is a local of the generated code
     assert [t.constant for t in inputs] == ["INPUT_INPUT_0", "INPUT_CLASS", "INPUT_1ST_MASK", "INPUT_INPUT_02"]
     assert [t.buffer_type for t in (*inputs, *outputs)] == ["FloatBuffer", "LongBuffer", "ByteBuffer", "ShortBuffer",
                                                           "FloatBuffer", "IntBuffer", "DoubleBuffer"]
-    assert android.default_class_name(manifest) == "WeirdModel"
-    sources = android.generate_java_sources(manifest, PACKAGE, "WeirdModel")
+    assert default_class_name(manifest) == "WeirdModel"
+    sources = generate_java_sources(manifest, PACKAGE, "WeirdModel")
     text = sources["com/example/vision/WeirdModel.java"]
     assert 'new TensorInfo("input:0", DType.FLOAT32, new long[] {1L, 3L, 8L, 8L})' in text
     assert "public void run(FloatBuffer input0, LongBuffer classTensor, ByteBuffer t1stMask, ShortBuffer input02," in text
     assert set(sources) >= {"ai/edgepack/NativeModel.java", "ai/edgepack/EdgepackException.java",
                             "ai/edgepack/AndroidLibraries.java", "ai/edgepack/TensorInfo.java", "ai/edgepack/DType.java"}
 
-    classes = android.compile_java(sources, tmp_path / "classes", [stubs], werror=True)  # -Xlint:all -Werror
+    classes = compile_java(sources, tmp_path / "classes", [stubs], werror=True)  # -Xlint:all -Werror
     assert (classes / "com/example/vision/WeirdModel$Outputs.class").is_file()
     major = int.from_bytes((classes / "ai/edgepack/NativeModel.class").read_bytes()[6:8], "big")
     assert major == 52  # Java 8 bytecode: what every Android toolchain accepts
@@ -289,11 +310,11 @@ def test_bad_java_names_and_dtypes_are_refused():
     manifest = _fake_manifest([("x", "float32", (1,))], [("y", "float32", (1,))])
     for bad in ("com.example.class", "1com.example", "", "ai.edgepack.models"):
         with pytest.raises(EdgepackError):
-            android.generate_java_sources(manifest, bad, "Model")
+            generate_java_sources(manifest, bad, "Model")
     with pytest.raises(EdgepackError, match="class name"):
-        android.generate_java_sources(manifest, PACKAGE, "my-model")
+        generate_java_sources(manifest, PACKAGE, "my-model")
     with pytest.raises(EdgepackError, match="does not support"):
-        android.java_tensors(_fake_manifest([("x", "complex64", (1,))], [("y", "float32", (1,))]))
+        java_tensors(_fake_manifest([("x", "complex64", (1,))], [("y", "float32", (1,))]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,23 +322,23 @@ def test_bad_java_names_and_dtypes_are_refused():
 
 
 def test_jni_layer_is_warning_free_for_host_and_arm(host_jni, host_runtime, tmp_path):
-    info = android.read_elf(host_jni)  # built with -Wall -Wextra -Werror by the fixture
-    assert info.machine == android.EM_X86_64 and info.soname == android.JNI_LIBRARY
+    info = read_elf(host_jni)  # built with -Wall -Wextra -Werror by the fixture
+    assert info.machine == EM_X86_64 and info.soname == JNI_LIBRARY
     assert {"libtvm_runtime.so", "libtvm_ffi.so"} <= set(info.needed)
     exported = _run(["nm", "-D", "--defined-only", host_jni]).stdout
     assert "JNI_OnLoad" in exported and "ep_model_open" in exported and "native_run" not in exported
     # the same sources for 64- and 32-bit ARM (the Android ABIs), with GCC and with clang (the NDK's
     # compiler), compile only: jni.h is portable
-    c_dir = native.runtimes_dir() / "c"
+    c_dir = source_dir(C_API)
     clang = next((c for c in ("clang", *(f"clang-{v}" for v in range(20, 13, -1))) if shutil.which(c)), None)
     compilers = [["aarch64-linux-gnu-gcc"], ["arm-linux-gnueabihf-gcc"]]
     if clang:
         compilers += [[clang], [clang, "--target=aarch64-linux-gnu"], [clang, "--target=arm-linux-gnueabihf"]]
-    includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *android.jdk_include_dirs())]
+    includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *jdk_include_dirs())]
     for n, cc in enumerate(compilers):
         if shutil.which(cc[0]) is None or (len(cc) > 1 and shutil.which(cc[1].split("=")[1] + "-gcc") is None):
             continue
-        for src in (android.android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c"):
+        for src in (android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c"):
             _run([*cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", *includes, "-c", src,
                   "-o", tmp_path / f"{n}-{src.stem}.o"])
 
@@ -405,15 +426,15 @@ def _library_with_other_names(tiny_build: Path, tmp_path: Path) -> Path:
     """The tiny model library with metadata naming its tensors differently (a different model for Tiny)."""
     import tvm
 
-    from edgepack import compiler
-    from edgepack.importers import import_model
+    from edgepack.backends import get_backend
+    from edgepack.frontends import import_model
 
     manifest = read_manifest(tiny_build)
     imported = import_model(tiny_build / manifest.model_file, None)
-    exe = compiler.build(imported, tvm.target.Target({"kind": "llvm"}))
-    meta = native.model_meta_text([("x", "float32", (1, 3, 4, 4)), ("bias", "float32", (1, 3))],
+    exe = get_backend("cpu").build(imported, tvm.target.Target({"kind": "llvm"})).executable
+    meta = model_meta_text([("x", "float32", (1, 3, 4, 4)), ("bias", "float32", (1, 3))],
                                   [("y", "float32", (1, 3, 4, 4)), ("z", "float32", (1, 3))])
-    return native.export_model_shared(exe, tmp_path / "renamed" / "model.so", "g++", meta_text=meta, cc="gcc")
+    return export_model_shared(exe, tmp_path / "renamed" / "model.so", "g++", meta_text=meta, cc="gcc")
 
 
 @pytest.mark.slow
@@ -443,40 +464,40 @@ def aarch64_jni(tmp_path_factory, host_runtime) -> Path | None:
     AArch64 shared library to put under arm64-v8a."""
     if shutil.which("aarch64-linux-gnu-gcc") is None:
         return None
-    out = tmp_path_factory.mktemp("jni-aarch64") / android.JNI_LIBRARY
-    c_dir = native.runtimes_dir() / "c"
-    includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *android.jdk_include_dirs())]
+    out = tmp_path_factory.mktemp("jni-aarch64") / JNI_LIBRARY
+    c_dir = source_dir(C_API)
+    includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *jdk_include_dirs())]
     _run(["aarch64-linux-gnu-gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", *includes,
-          android.android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c", "-o", out])
+          android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c", "-o", out])
     return out
 
 
 def test_assemble_aar_checks_the_machine_of_every_library(host_runtime, aarch64_jni, stubs, tmp_path):
-    jar = android.make_jar(stubs, tmp_path / "classes.jar")
-    xml = android.manifest_xml_text(PACKAGE, "tiny")
+    jar = make_jar(stubs, tmp_path / "classes.jar")
+    xml = manifest_xml_text(PACKAGE, "tiny")
     host_lib = host_runtime.shared_libs[0]  # x86-64
     with pytest.raises(EdgepackError, match=r"x86-64 \(EM_X86_64\), 64-bit; jni/arm64-v8a/ needs AArch64"):
-        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"arm64-v8a": [host_lib]})
+        assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"arm64-v8a": [host_lib]})
     with pytest.raises(EdgepackError, match="jni/armeabi-v7a/ needs 32-bit ARM"):
-        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"armeabi-v7a": [host_lib]})
+        assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"armeabi-v7a": [host_lib]})
     not_elf = tmp_path / "libnot.so"
     not_elf.write_text("hello")
     with pytest.raises(EdgepackError, match="not an ELF file"):
-        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"x86_64": [not_elf]})
+        assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"x86_64": [not_elf]})
     with pytest.raises(EdgepackError, match="lib\\*.so"):
-        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml,
+        assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml,
                              native_libs={"x86_64": [tmp_path / "classes.jar"]})
     with pytest.raises(EdgepackError, match="Unknown Android ABI"):
-        android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"mips": [host_lib]})
+        assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"mips": [host_lib]})
     assert not (tmp_path / "a.aar").exists()
 
     libs = {"x86_64": list(host_runtime.shared_libs)}
     if aarch64_jni is not None:
         with pytest.raises(EdgepackError, match="AArch64 \\(EM_AARCH64\\), 64-bit; jni/x86_64/ needs x86-64"):
-            android.assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"x86_64": [aarch64_jni]})
+            assemble_aar(tmp_path / "a.aar", classes_jar=jar, manifest_xml=xml, native_libs={"x86_64": [aarch64_jni]})
         libs["arm64-v8a"] = [aarch64_jni]
-    aar = android.assemble_aar(tmp_path / "ok.aar", classes_jar=jar, manifest_xml=xml, native_libs=libs)
-    again = android.assemble_aar(tmp_path / "again.aar", classes_jar=jar, manifest_xml=xml, native_libs=libs)
+    aar = assemble_aar(tmp_path / "ok.aar", classes_jar=jar, manifest_xml=xml, native_libs=libs)
+    again = assemble_aar(tmp_path / "again.aar", classes_jar=jar, manifest_xml=xml, native_libs=libs)
     assert aar.read_bytes() == again.read_bytes()  # reproducible
     with zipfile.ZipFile(aar) as z:
         names = set(z.namelist())
@@ -484,7 +505,7 @@ def test_assemble_aar_checks_the_machine_of_every_library(host_runtime, aarch64_
             if name.startswith("jni/"):
                 abi = name.split("/")[1]
                 data = z.read(name)
-                assert int.from_bytes(data[18:20], "little") == android.ABI_MACHINES[abi][0], name
+                assert int.from_bytes(data[18:20], "little") == ABI_MACHINES[abi][0], name
 
 
 @pytest.mark.slow
@@ -493,17 +514,17 @@ def test_android_package_layout_from_host_libraries(tiny_build, host_runtime, st
     (the only place the AAR code accepts them); the classes and libraries of the AAR then run the
     model on the JVM, found through a Context like on a device (extracted, and inside an APK)."""
     manifest = read_manifest(tiny_build)
-    sources = android.generate_java_sources(manifest, PACKAGE, "Tiny")
-    classes, _ = android.compile_java_api(sources, tmp_path / "java")
-    jar = android.make_jar(classes, tmp_path / "classes.jar")
+    sources = generate_java_sources(manifest, PACKAGE, "Tiny")
+    classes, _ = compile_java_api(sources, tmp_path / "java")
+    jar = make_jar(classes, tmp_path / "classes.jar")
     # a JNI library like the Android one: no RUNPATH, the Java class preloads the runtime libraries
-    jni = android.build_jni_library(host_runtime, tmp_path / "jni" / android.JNI_LIBRARY, "gcc",
-                                    android.jdk_include_dirs(), werror=True, strip=True)
-    libraries = {"x86_64": android.AbiLibraries(jni=jni, runtime=host_runtime.shared_libs,
+    jni = build_jni_library(host_runtime, tmp_path / "jni" / JNI_LIBRARY, "gcc",
+                                    jdk_include_dirs(), werror=True, strip=True)
+    libraries = {"x86_64": AbiLibraries(jni=jni, runtime=host_runtime.shared_libs,
                                                 model=tiny_build / "device" / "model.so")}
     out = tmp_path / "dist"
     out.mkdir()
-    aar, module, files = android.write_android_package(
+    aar, module, files = write_android_package(
         out, manifest=manifest, java_package=PACKAGE, class_name="Tiny", libraries=libraries, classes_jar=jar,
         sources=sources, runtime_include_dirs=host_runtime.include_dirs)
 
@@ -520,7 +541,7 @@ def test_android_package_layout_from_host_libraries(tiny_build, host_runtime, st
         assert f"-keep class {PACKAGE}.Tiny$* {{ *; }}" in z.read("proguard.txt").decode()
         for name in names:
             if name.startswith("jni/"):
-                assert int.from_bytes(z.read(name)[18:20], "little") == android.EM_X86_64, name
+                assert int.from_bytes(z.read(name)[18:20], "little") == EM_X86_64, name
         extracted = tmp_path / "aar"
         z.extractall(extracted)
     with zipfile.ZipFile(extracted / "classes.jar") as jarfile:
@@ -541,11 +562,11 @@ def test_android_package_layout_from_host_libraries(tiny_build, host_runtime, st
     assert not (module / "src/main/jniLibs/x86_64/libtvm_runtime.so").exists()  # packaged via CMake IMPORTED
     # the module's CMakeLists builds the JNI library (here for x86_64 with the host compiler)
     _needs("cmake")
-    jdk = android.jdk_include_dirs()
+    jdk = jdk_include_dirs()
     _run(["cmake", "-S", module / "src/main/cpp", "-B", tmp_path / "cmake", "-DANDROID_ABI=x86_64",
           "-DCMAKE_C_COMPILER=gcc", f"-DCMAKE_C_FLAGS=-I{jdk[0]} -I{jdk[1]} -Werror"])
     _run(["cmake", "--build", tmp_path / "cmake"])
-    assert (tmp_path / "cmake" / android.JNI_LIBRARY).is_file()
+    assert (tmp_path / "cmake" / JNI_LIBRARY).is_file()
 
     readme = (out / "README.md").read_text()
     assert "implementation files('libs/edgepack-tiny.aar')" in readme and "Tiny.load(context)" in readme
@@ -554,7 +575,7 @@ def test_android_package_layout_from_host_libraries(tiny_build, host_runtime, st
         "edgepack-tiny.aar"].sha256
 
     # -- run the model from what the AAR holds: classes.jar + jni/x86_64, found through a Context
-    harness = android.compile_java({"FakeContext.java": FAKE_CONTEXT,
+    harness = compile_java({"FakeContext.java": FAKE_CONTEXT,
                                     "RunModel.java": run_model_harness(manifest, "Tiny")},
                                    tmp_path / "harness", [extracted / "classes.jar", stubs])
     libdir = extracted / "jni" / "x86_64"
@@ -589,11 +610,11 @@ def test_android_package_layout_from_host_libraries(tiny_build, host_runtime, st
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`edgepack package android ...` through the real entry point (cli.main), with the command mounted
-    as cli.py mounts it."""
+    """`edgepack package android ...` through the real entry point (cli.main.main), with the command mounted
+    as cli/main.py mounts it."""
     code = ("import sys\n"
-            "from edgepack import cli\n"
-            "from edgepack.cli_android import package_android_command\n"
+            "from edgepack.cli import main as cli\n"
+            "from edgepack.cli.android import package_android_command\n"
             "names = [c.name for c in cli.package_app.registered_commands]\n"
             "if 'android' not in names:\n"
             "    cli.package_app.command('android')(package_android_command)\n"
@@ -639,9 +660,9 @@ def test_library_refuses_without_an_ndk(tiny_build, tmp_path, monkeypatch):
     for var in NDK_VARS:
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ToolchainError) as info:
-        android.package_android(tiny_build, tmp_path / "dist", java_package=PACKAGE)
+        package_android(tiny_build, tmp_path / "dist", java_package=PACKAGE)
     assert "needs the Android NDK" in info.value.message and "ANDROID_NDK_HOME" in info.value.hint
     with pytest.raises(EdgepackError, match="Unknown or missing Android ABI"):
-        android.package_android(tiny_build, tmp_path / "dist", java_package=PACKAGE, abis=("mips",))
+        package_android(tiny_build, tmp_path / "dist", java_package=PACKAGE, abis=("mips",))
     assert not (tmp_path / "dist").exists()
-    json.dumps(android.ABIS["arm64-v8a"].tvm_target)  # plain data
+    json.dumps(ABIS["arm64-v8a"].tvm_target)  # plain data

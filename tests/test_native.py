@@ -14,8 +14,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgepack import native
 from edgepack.errors import EdgepackError, ToolchainError
+from edgepack.packaging.c import write_c_bundle
+from edgepack.toolchain import tvm_runtime
+from edgepack.toolchain.c_programs import build_c_program
+from edgepack.toolchain.compilers import DEFAULT_TARGET_FLAGS
+from edgepack.toolchain.model_library import (
+    TensorMeta,
+    export_model_shared,
+    export_model_static,
+    model_meta_text,
+    parse_model_meta,
+    write_model_meta,
+)
+from edgepack.toolchain.sources import C_API, TVM_COMPAT, source_dir
+from edgepack.toolchain.tvm_runtime import (
+    OFFICIAL_RUNTIME_WHEELS,
+    TargetRuntime,
+    ensure_target_runtime,
+    host_runtime,
+    tvm_source_dirs,
+)
+from edgepack.versions import TVM_VERSION
 
 AARCH64 = "aarch64-linux-gnu"
 ARMHF = "arm-linux-gnueabihf"
@@ -101,7 +121,7 @@ def model_dir(tmp_path_factory) -> Path:
         np.save(d / f"ref_{name}.npy", value)
     specs_in = [(n, str(v.dtype), v.shape) for n, v in inputs.items()]
     specs_out = [(n, str(v.dtype), v.shape) for n, v in zip(["y", "z", "g"], ref)]
-    (d / "meta.txt").write_text(native.model_meta_text(specs_in, specs_out))
+    (d / "meta.txt").write_text(model_meta_text(specs_in, specs_out))
     return d
 
 
@@ -139,11 +159,11 @@ def cache_dir() -> Path:
 def runtimes(cache_dir):
     made = {}
 
-    def get(triple: str) -> native.TargetRuntime:
+    def get(triple: str) -> TargetRuntime:
         if triple not in made:
             cc, cxx = COMPILERS[triple]
             _needs(cc, cxx, "cmake")
-            made[triple] = native.ensure_target_runtime(triple, cc, cxx, cache_dir=cache_dir, need_static=True)
+            made[triple] = ensure_target_runtime(triple, cc, cxx, cache_dir=cache_dir, need_static=True)
         return made[triple]
 
     return get
@@ -151,10 +171,10 @@ def runtimes(cache_dir):
 
 def _shared_model(executables, model_dir, triple: str, out: Path, *, embed_meta: bool) -> Path:
     cxx = COMPILERS[triple][1]
-    flags = list(native.DEFAULT_TARGET_FLAGS.get(triple, ()))
+    flags = list(DEFAULT_TARGET_FLAGS.get(triple, ()))
     meta = (model_dir / "meta.txt").read_text()
-    lib = native.export_model_shared(executables(triple), out / "model.so", cxx,
-                                     meta_text=meta if embed_meta else None, options=flags)
+    lib = export_model_shared(executables(triple), out / "model.so", cxx,
+                              meta_text=meta if embed_meta else None, options=flags)
     if not embed_meta:
         (out / "model.meta").write_text(meta)  # the sidecar next to the library
     return lib
@@ -184,26 +204,26 @@ def _needed_libs(binary: Path) -> set[str]:
 def test_model_meta_roundtrip(tmp_path):
     inputs = [("image input", "float32", (1, 3, 224, 224)), ("50%/x:0", "int64", ()), ("día", "uint8", (2,))]
     outputs = [("prob", "float16", (1, 1000))]
-    text = native.model_meta_text(inputs, outputs)
+    text = model_meta_text(inputs, outputs)
     assert text.splitlines()[0] == "edgepack-model-meta 1"
     assert "input image%20input float32 1,3,224,224" in text
     assert "input 50%25/x:0 int64 -" in text
-    parsed_in, parsed_out = native.parse_model_meta(text)
+    parsed_in, parsed_out = parse_model_meta(text)
     assert [(t.name, t.dtype, t.shape) for t in parsed_in] == [(n, d, tuple(s)) for n, d, s in inputs]
-    assert parsed_out[0] == native.TensorMeta("prob", "float16", (1, 1000))
-    path = native.write_model_meta(tmp_path / "model.meta", inputs, outputs)
+    assert parsed_out[0] == TensorMeta("prob", "float16", (1, 1000))
+    path = write_model_meta(tmp_path / "model.meta", inputs, outputs)
     assert path.read_text() == text
     with pytest.raises(EdgepackError, match="dynamic"):
-        native.model_meta_text([("x", "float32", (1, "batch"))], outputs)
+        model_meta_text([("x", "float32", (1, "batch"))], outputs)
     with pytest.raises(EdgepackError, match="complex64"):
-        native.model_meta_text([("x", "complex64", (1,))], outputs)
+        model_meta_text([("x", "complex64", (1,))], outputs)
 
 
 def test_compat_headers_selftest(tmp_path):
     """Serializer layout, base64, ring buffer, arena; fp16 conversions bit-exact against numpy."""
     _needs("g++")
-    ffi_dir = native.tvm_source_dirs()[1]
-    compat = native.runtimes_dir() / "tvm-compat"
+    ffi_dir = tvm_source_dirs()[1]
+    compat = source_dir(TVM_COMPAT)
     exe = tmp_path / "compat_test"
     _run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{compat / 'include'}",
           f"-I{compat / '3rdparty' / 'compiler-rt'}", f"-I{ffi_dir / 'include'}", compat / "tests" / "compat_test.cc",
@@ -229,10 +249,10 @@ def test_compat_headers_selftest(tmp_path):
 def test_host_runner_matches_onnxruntime(tmp_path, model_dir, executables):
     """x86: the example runner over the installed wheel's runtime, shared library with a sidecar."""
     _needs("gcc", "g++")
-    rt = native.ensure_target_runtime(HOST, "gcc", "g++", need_static=False)
+    rt = ensure_target_runtime(HOST, "gcc", "g++", need_static=False)
     assert rt.origin == "official-wheel" and not rt.static_libs
     lib = _shared_model(executables, model_dir, HOST, tmp_path, embed_meta=False)
-    runner = native.build_c_program(rt, tmp_path / "edgepack_run", cc="gcc", werror=True)
+    runner = build_c_program(rt, tmp_path / "edgepack_run", cc="gcc", werror=True)
     result = _run([runner, lib, *_input_args(model_dir), "--output-dir", tmp_path / "out", "--repeat", "3"])
     _check_outputs(tmp_path / "out", model_dir)
     lines = result.stdout.splitlines()
@@ -263,11 +283,11 @@ def test_host_runner_matches_onnxruntime(tmp_path, model_dir, executables):
 def test_host_api_error_paths(tmp_path, model_dir, executables):
     """tests/test_api.c on x86 against the wheel's libtvm_runtime.so; an aarch64 .so is the wrong arch."""
     _needs("gcc", "g++", "aarch64-linux-gnu-g++")
-    rt = native.host_runtime()
+    rt = host_runtime()
     lib = _shared_model(executables, model_dir, HOST, tmp_path, embed_meta=False)
     foreign = _shared_model(executables, model_dir, AARCH64, tmp_path / "a64", embed_meta=True)
-    test = native.build_c_program(rt, tmp_path / "test_api", cc="gcc", werror=True,
-                                  source=native.runtimes_dir() / "c" / "tests" / "test_api.c")
+    test = build_c_program(rt, tmp_path / "test_api", cc="gcc", werror=True,
+                           source=source_dir(C_API) / "tests" / "test_api.c")
     (tmp_path / "work").mkdir()
     result = _run([test, lib, foreign, tmp_path / "work"], check=False)
     assert result.stdout.strip().splitlines()[-1].endswith(" passed, 0 failed"), result.stdout
@@ -276,8 +296,8 @@ def test_host_api_error_paths(tmp_path, model_dir, executables):
 
 def test_missing_cross_compiler_names_the_package(tmp_path):
     with pytest.raises(ToolchainError) as err:
-        native.ensure_target_runtime("riscv64-linux-gnu", "riscv64-linux-gnu-gcc-missing",
-                                     "riscv64-linux-gnu-g++-missing", cache_dir=tmp_path)
+        ensure_target_runtime("riscv64-linux-gnu", "riscv64-linux-gnu-gcc-missing",
+                              "riscv64-linux-gnu-g++-missing", cache_dir=tmp_path)
     assert "g++-riscv64-linux-gnu" in err.value.hint
 
 
@@ -285,8 +305,8 @@ def test_failed_runtime_build_reports_the_log(tmp_path):
     _needs("cmake")
     with pytest.raises(ToolchainError) as err:
         # a "compiler" that fails every check: CMake's compiler test fails at configure time
-        native.ensure_target_runtime("arm-linux-gnueabihf", shutil.which("false"), shutil.which("false"),
-                                     cache_dir=tmp_path)
+        ensure_target_runtime("arm-linux-gnueabihf", shutil.which("false"), shutil.which("false"),
+                              cache_dir=tmp_path)
     assert "Building the TVM runtime for arm-linux-gnueabihf" in err.value.message
     assert "CMake" in err.value.hint or "compiler" in err.value.hint.lower()
     assert not [p for p in (tmp_path / "runtime").rglob("*") if p.is_dir() and ".partial-" in p.name]
@@ -294,9 +314,9 @@ def test_failed_runtime_build_reports_the_log(tmp_path):
 
 def test_static_and_shared_exports_need_the_right_build(tmp_path, executables):
     with pytest.raises(EdgepackError, match="system library"):
-        native.export_model_static(executables(HOST), tmp_path / "libmodel.a", "gcc")
+        export_model_static(executables(HOST), tmp_path / "libmodel.a", "gcc")
     with pytest.raises(EdgepackError, match="system library"):
-        native.export_model_shared(executables(HOST, system_lib=True), tmp_path / "model.so", "g++")
+        export_model_shared(executables(HOST, system_lib=True), tmp_path / "model.so", "g++")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,19 +329,19 @@ def test_runtime_cache_is_not_rebuilt(runtimes, cache_dir, monkeypatch):
     assert first.origin == "official-wheel"  # shared libs from the official aarch64 wheels
     assert [p.name for p in first.shared_libs] == ["libtvm_ffi.so", "libtvm_runtime.so"]
     assert [p.name for p in first.static_libs] == ["libtvm_runtime.a", "libtvm_ffi.a"]
-    assert first.root.parent == cache_dir / "runtime" / native.TVM_VERSION
+    assert first.root.parent == cache_dir / "runtime" / TVM_VERSION
     manifest = json.loads((first.root / "manifest.json").read_text())
-    wheel_sha = {w.filename: w.sha256 for w in native.OFFICIAL_RUNTIME_WHEELS[AARCH64]}
+    wheel_sha = {w.wheel.filename: w.wheel.sha256 for w in OFFICIAL_RUNTIME_WHEELS[AARCH64]}
     assert manifest["libs"]["libtvm_runtime.so"]["wheel_sha256"] in wheel_sha.values()
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the cached runtime was rebuilt")
 
-    monkeypatch.setattr(native, "_cmake_build", forbidden)
-    monkeypatch.setattr(native, "_download_official", forbidden)
-    again = native.ensure_target_runtime(AARCH64, *COMPILERS[AARCH64], cache_dir=cache_dir)
+    monkeypatch.setattr(tvm_runtime, "_cmake_build", forbidden)
+    monkeypatch.setattr(tvm_runtime, "fetch_wheel", forbidden)
+    again = ensure_target_runtime(AARCH64, *COMPILERS[AARCH64], cache_dir=cache_dir)
     assert again == first
-    shared_only = native.ensure_target_runtime(AARCH64, *COMPILERS[AARCH64], cache_dir=cache_dir, need_static=False)
+    shared_only = ensure_target_runtime(AARCH64, *COMPILERS[AARCH64], cache_dir=cache_dir, need_static=False)
     assert shared_only.origin == "official-wheel" and not shared_only.static_libs
 
 
@@ -337,7 +357,7 @@ def test_device_runner_shared_and_static(triple, tmp_path, runtimes, model_dir, 
 
     # shared: aarch64 uses the sidecar model.meta, armv7 the metadata embedded in the library
     lib = _shared_model(executables, model_dir, triple, tmp_path, embed_meta=(triple == ARMHF))
-    runner = native.build_c_program(rt, tmp_path / "edgepack_run", cc=cc, werror=True)
+    runner = build_c_program(rt, tmp_path / "edgepack_run", cc=cc, werror=True)
     _run([*qemu, runner, lib, *_input_args(model_dir), "--output-dir", tmp_path / "out"])
     _check_outputs(tmp_path / "out", model_dir)
     meta_args = [] if triple == ARMHF else ["--meta", tmp_path / "model.meta"]
@@ -345,10 +365,10 @@ def test_device_runner_shared_and_static(triple, tmp_path, runtimes, model_dir, 
     _check_outputs(tmp_path / "mem", model_dir)
 
     # static: one executable, model linked in, metadata embedded, only the C library dynamic
-    archive = native.export_model_static(executables(triple, system_lib=True), tmp_path / "libmodel.a", cc,
-                                         meta_text=(model_dir / "meta.txt").read_text(), cflags=rt.cflags)
-    static_runner = native.build_c_program(rt, tmp_path / "edgepack_run_static", cc=cc, static=True,
-                                           model_archive=archive, werror=True, strip=True)
+    archive = export_model_static(executables(triple, system_lib=True), tmp_path / "libmodel.a", cc,
+                                  meta_text=(model_dir / "meta.txt").read_text(), cflags=rt.cflags)
+    static_runner = build_c_program(rt, tmp_path / "edgepack_run_static", cc=cc, static=True,
+                                    model_archive=archive, werror=True, strip=True)
     libc_parts = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2"}
     assert {n for n in _needed_libs(static_runner) if not n.startswith("ld-linux")} <= libc_parts
     result = _run([*qemu, static_runner, *_input_args(model_dir), "--output-dir", tmp_path / "static",
@@ -366,8 +386,8 @@ def test_device_api_error_paths(triple, tmp_path, runtimes, model_dir, executabl
     rt = runtimes(triple)
     lib = _shared_model(executables, model_dir, triple, tmp_path, embed_meta=False)
     foreign = _shared_model(executables, model_dir, HOST, tmp_path / "x86", embed_meta=True)
-    test = native.build_c_program(rt, tmp_path / "test_api", cc=cc, werror=True,
-                                  source=native.runtimes_dir() / "c" / "tests" / "test_api.c")
+    test = build_c_program(rt, tmp_path / "test_api", cc=cc, werror=True,
+                           source=source_dir(C_API) / "tests" / "test_api.c")
     (tmp_path / "work").mkdir()
     result = _run([*EMULATOR[triple], test, lib, foreign, tmp_path / "work"], check=False)
     assert result.stdout.strip().splitlines()[-1].endswith(" passed, 0 failed"), result.stdout
@@ -383,10 +403,10 @@ def test_bundle_builds_with_cmake_and_make(tmp_path, runtimes, model_dir, execut
     meta = (model_dir / "meta.txt").read_text()
     built = tmp_path / "built"
     built.mkdir()
-    shared = native.export_model_shared(executables(AARCH64), built / "model.so", cxx)
-    static = native.export_model_static(executables(AARCH64, system_lib=True), built / "libmodel.a", cc,
-                                        meta_text=meta)
-    bundle = native.write_c_bundle(tmp_path / "bundle", rt, model_shared=shared, model_static=static, meta_text=meta)
+    shared = export_model_shared(executables(AARCH64), built / "model.so", cxx)
+    static = export_model_static(executables(AARCH64, system_lib=True), built / "libmodel.a", cc,
+                                 meta_text=meta)
+    bundle = write_c_bundle(tmp_path / "bundle", rt, model_shared=shared, model_static=static, meta_text=meta)
     for rel in ("include/edgepack.h", "include/tvm/ffi/c_api.h", "include/dlpack/dlpack.h", "src/edgepack.c",
                 "examples/main.c", "CMakeLists.txt", "Makefile", "lib/libtvm_runtime.so", "lib/libtvm_ffi.a",
                 "lib/model.so", "lib/model.meta", "lib/libmodel.a"):
