@@ -15,14 +15,15 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from edgepack.errors import EdgepackError
-from edgepack.remote import (
+from edgepack.devices.errors import (
     AuthenticationError,
     ChangedHostKeyError,
     DeviceUnreachableError,
+    UnknownHostKeyError,
+)
+from edgepack.devices.ssh import (
     HostKey,
     SSHEndpoint,
-    UnknownHostKeyError,
     connect,
     fingerprint_sha256,
     forget_host_key,
@@ -32,6 +33,7 @@ from edgepack.remote import (
     scan_host_key,
     trust_host_key,
 )
+from edgepack.errors import EdgepackError
 
 WEIRD = [
     "plain",
