@@ -155,7 +155,8 @@ def test_add_trust_and_check(env, farm):
 
 
 def test_deploy_is_idempotent_and_the_server_listens_on_loopback_only(env, farm):
-    from edgepack.remote.devices import deploy, endpoint_for, ensure_rpc_server
+    from edgepack.devices.deploy import deploy, endpoint_for
+    from edgepack.devices.server import ensure_rpc_server
     from edgepack.devices.ssh import connect
 
     inventory, known_hosts = _library(env)
@@ -187,14 +188,16 @@ def test_validate_a_real_model_on_a_device(env, cls_build):
 
 def test_run_on_device_library_matches_the_host(env, cls_build):
     from edgepack.manifest import read_manifest
-    from edgepack.remote.devices import run_on_device
-    from edgepack.validation import random_inputs, run_on_host
+    from edgepack.run.host import run_on_host
+    from edgepack.run.remote import run_on_device
+    from edgepack.tensors import random_inputs
 
     inventory, known_hosts = _library(env)
     manifest = read_manifest(cls_build)
     inputs = random_inputs(manifest.inputs, seed=3)
-    on_device = run_on_device(cls_build, manifest, inputs, inventory.get("farm0"), known_hosts=known_hosts)
-    on_host = run_on_host(cls_build, manifest, inputs)
+    on_device, ran_on = run_on_device(cls_build, manifest, inputs, inventory.get("farm0"), known_hosts=known_hosts)
+    on_host, _ = run_on_host(cls_build, manifest, inputs)
+    assert ran_on == "farm0: cpu(0)"
     assert len(on_device) == len(on_host) == 1
     np.testing.assert_allclose(on_device[0], on_host[0], rtol=1e-4, atol=1e-5)
     assert abs(float(on_device[0].sum()) - 1.0) < 1e-4  # a softmax over two classes
@@ -214,7 +217,7 @@ def test_bench_on_a_device(env, cls_build):
 
 
 def test_a_stale_rpc_server_is_restarted(env, farm):
-    from edgepack.remote.devices import check_device
+    from edgepack.devices.check import check_device
 
     inventory, known_hosts = _library(env)
     info_file = Path(_farm_device("farm1")["home"]) / ".edgepack" / "run" / "rpc.json"

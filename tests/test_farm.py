@@ -18,13 +18,15 @@ import numpy as np
 import pytest
 from farm_helpers import farm_sh, farm_skip_reason, farm_state_dir
 
-from edgepack.remote import (
+from edgepack.devices.errors import (
     AuthenticationError,
     ChangedHostKeyError,
     DeviceUnreachableError,
+    UnknownHostKeyError,
+)
+from edgepack.devices.ssh import (
     LocalTunnel,
     SSHEndpoint,
-    UnknownHostKeyError,
     connect,
     scan_host_key,
     trust_host_key,
@@ -164,12 +166,12 @@ def test_upload_is_atomic_and_idempotent(farm, known_hosts, tmp_path):
 def _aarch64_runtime(tmp_path_factory) -> tuple[list[Path], list[Path]]:
     """(include dirs, [libtvm_ffi.so, libtvm_runtime.so]) of the official aarch64 runtime."""
     try:
-        from edgepack.native import ensure_target_runtime
+        from edgepack.toolchain.tvm_runtime import ensure_target_runtime
 
         rt = ensure_target_runtime(TRIPLE, f"{TRIPLE}-gcc", f"{TRIPLE}-g++", need_static=False)
         return list(rt.include_dirs), list(rt.shared_libs)
     except Exception as exc:  # noqa: BLE001 - fall back to fetching the official wheels here
-        print(f"edgepack.native unavailable ({exc}); downloading the aarch64 wheels")
+        print(f"edgepack.toolchain.tvm_runtime unavailable ({exc}); downloading the aarch64 wheels")
     import zipfile
 
     import tvm_ffi.libinfo

@@ -22,8 +22,6 @@ import pytest
 from conftest import assert_clean_error, run_cli
 
 from edgepack.tuning import (
-    RECORD_FILE,
-    WORKLOAD_FILE,
     TuningError,
     TuningMismatchError,
     load_tuning,
@@ -31,6 +29,7 @@ from edgepack.tuning import (
     repair_database,
     write_best_records,
 )
+from edgepack.tuning.records import RECORD_FILE, WORKLOAD_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,7 +136,8 @@ def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
     from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
     from tvm.target import Target
 
-    from edgepack.tuning import TuningTask, _load_known, _replay, _schedule_hash
+    from edgepack.tuning import TuningTask
+    from edgepack.tuning.search import load_known, replay, schedule_hash
 
     def kernel(n: int):
         a = te.placeholder((n,), name="a")
@@ -155,9 +155,9 @@ def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
             database.commit_tuning_record(TuningRecord(sch.trace, workload, [1e-6 * factor], target,
                                                        ArgInfo.from_prim_func(mod["main"])))
             expected.setdefault(str(tvm_ffi.structural_hash(mod)), set()).add(
-                _schedule_hash(_replay(mod, sch.trace).mod))
+                schedule_hash(replay(mod, sch.trace).mod))
     reopened = JSONDatabase(path_workload=str(tmp_path / "w.json"), path_tuning_record=str(tmp_path / "r.json"))
-    known = _load_known(reopened, [TuningTask(f"t{i}", w, 1, 0.0) for i, w in enumerate(expected)])
+    known = load_known(reopened, [TuningTask(f"t{i}", w, 1, 0.0) for i, w in enumerate(expected)])
     assert {w: {digest for _r, _s, digest, _sch in entries} for w, entries in known.items()} == expected
 
 
@@ -166,12 +166,14 @@ def test_cpu_kernels_are_tuned_channels_last(models):
     convolutions into NHWC, so only the model's input and its pooled features are transposed."""
     import tvm
 
-    from edgepack.importers import import_model
+    from edgepack.backends import TuningLayout, get_backend
+    from edgepack.frontends import import_model
     from edgepack.tuning import extract_tasks
 
     imported = import_model(models["mobilenetv2"].path)
     target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
-    tasks, extracted = extract_tasks(imported, target, weight_prepack=True, channels_last=True)
+    tasks, extracted = extract_tasks(imported, get_backend("cpu"), target,
+                                     TuningLayout(weight_prepack=True, channels_last=True))
     convs = [t.dispatched[0].script() for t in extracted if "conv2d" in str(t.task_name)]
     assert len(convs) == 30  # 20 pointwise and full convolutions, 10 depthwise
     assert all('sblock("conv2d_nhwc")' in c or 'sblock("group_conv2d_nhwc")' in c for c in convs)
@@ -188,14 +190,19 @@ def test_not_a_tuning_directory(tmp_path):
 def test_records_for_another_model_shape_or_target_are_refused(models, tmp_path):
     import tvm
 
-    from edgepack.importers import import_model
+    from edgepack.backends import backend_for
+    from edgepack.frontends import import_model
     from edgepack.profiles import get_profile
-    from edgepack.tuning import _ensure_directory, _meta_for, _tuning_target, check_tuning
+    from edgepack.run.places import parse_place
+    from edgepack.tuning import check_tuning
+    from edgepack.tuning.tuner import _ensure_directory, _meta_for
 
     host = get_profile("host")
+    backend = backend_for(host)
     cls = models["ppocr_cls"]
     imported = import_model(cls.path, cls.input_shapes)
-    meta = _meta_for(imported, host, _tuning_target(host, 2))
+    meta = _meta_for(imported, host, backend, backend.tuning_target(host, num_cores=2, here=True),
+                     parse_place("host"))
     directory = tmp_path / "t"
     _ensure_directory(directory, meta, [])
     (directory / WORKLOAD_FILE).touch()
@@ -283,9 +290,9 @@ def _distinct_schedules(directory: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     """Ctrl-C, then SIGKILL, then resume: every finished measurement is kept, none is redone."""
-    from edgepack.bundle import package_c, run_bundle
-    from edgepack.compiler import compile_model
-    from edgepack.reference import run_reference
+    from edgepack.packaging.c import package_c, run_bundle
+    from edgepack.compiling import compile_model
+    from edgepack.frontends import run_reference
     from edgepack.validation import validate
 
     model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
@@ -416,7 +423,7 @@ def farm_inventory(tmp_path_factory):
 
 @pytest.mark.slow
 def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_inventory, tmp_path):
-    from edgepack.compiler import compile_model
+    from edgepack.compiling import compile_model
     from edgepack.validation import validate
 
     env = farm_inventory["env"]
