@@ -21,17 +21,24 @@ import pytest
 from conftest import run_cli
 from gpu_common import apt_install, builds_once, check_gpu_build, tiny_module, unscheduled_module
 
-from edgepack import opencl
+import edgepack
+from edgepack.backends import get_backend
+from edgepack.backends.gpu import module_source
+from edgepack.backends.opencl import driver_status
 from edgepack.errors import CompileError, EdgepackError, ValidationError
+from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
 from edgepack.profiles import get_profile
-from edgepack.reference import run_reference
-from edgepack.validation import compare, random_inputs, validate
+from edgepack.run.places import parse_place
+from edgepack.tensors import random_inputs
+from edgepack.toolchain.compilers import HOST_TRIPLE
+from edgepack.validation import compare, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-OPENCL_SRC = ROOT / "runtimes" / "opencl"
+OPENCL_SRC = ROOT / "runtimes" / "plugins" / "opencl"
 MODELS = ["mobilenetv2", "light_squeezenet", "face_detection_short_range", "ppocr_cls"]
 GPU_PROFILES = ["mali-g610", "adreno-6xx"]
+OPENCL = get_backend("opencl")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -55,12 +62,12 @@ def pocl():
         why = _install_pocl()
         if why:
             pytest.skip(why)
-    info = opencl.load_plugin()
+    info = OPENCL.load_plugin()
     if not info["available"] or not info["devices"]:
         why = _install_pocl()  # an ICD loader without a driver
-        if why or not opencl.runtime_info()["devices"]:
+        if why or not OPENCL.runtime_info()["devices"]:
             pytest.skip(f"no OpenCL device: {info.get('error') or why}")
-    return opencl.runtime_info()
+    return OPENCL.runtime_info()
 
 
 @pytest.fixture(scope="session")
@@ -123,10 +130,10 @@ def test_cl_api_header_matches_khronos():
 @pytest.mark.slow
 def test_plugin_builds_warning_free_without_linking_opencl(tmp_path):
     """-Wall -Wextra -Werror on our sources; libtvm_opencl.so does not depend on libOpenCL."""
-    from edgepack import native
+    from edgepack.toolchain.tvm_runtime import host_runtime, tvm_source_dirs
 
-    rt = native.host_runtime()
-    tvm_dir, ffi_dir = native.tvm_source_dirs()
+    rt = host_runtime()
+    tvm_dir, ffi_dir = tvm_source_dirs()
     libs = {p.name: p for p in rt.shared_libs}
     build = tmp_path / "b"
     configure = ["cmake", "-S", str(OPENCL_SRC), "-B", str(build), f"-DTVM_SOURCE_DIR={tvm_dir}",
@@ -155,11 +162,11 @@ def test_plugin_registers_device_api_and_lists_pocl(pocl):
     assert dev.exist and dev.max_threads_per_block >= 1 and dev.device_name == pocl["devices"][0]["name"]
     assert dev.warp_size == 1 and dev.max_shared_memory_per_block > 0 and dev.total_global_memory > 0
     assert not tvm.opencl(len(pocl["devices"])).exist
-    assert opencl.load_plugin() == pocl  # loading again is a no-op
+    assert OPENCL.load_plugin() == pocl  # loading again is a no-op
 
 
 def test_doctor_status_sees_the_device(pocl):
-    ok, found, hint = opencl.host_opencl_status()
+    ok, found, hint = driver_status()
     assert ok and pocl["devices"][0]["name"] in found and hint == ""
 
 
@@ -185,7 +192,8 @@ def test_compiled_module_runs_and_reports_its_kernels(pocl, tmp_path):
 
     tiny = tiny_module(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]),
                         [((4, 64), "float32")])
-    executable, report = opencl.build_gpu(tiny, _mali_target())
+    built = OPENCL.build(tiny, _mali_target())
+    executable, report = built.executable, built.report
     assert report.pipeline == "gpu_generic" and report.unscheduled == []
     assert {k.name for k in report.kernels} >= {"add_kernel", "softmax_kernel"}
     softmax = next(k for k in report.kernels if k.name == "softmax_kernel")
@@ -205,7 +213,7 @@ def test_compiled_module_runs_and_reports_its_kernels(pocl, tmp_path):
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
     """TVM would compile them as CPU code handed GPU buffers; edgepack refuses and names them."""
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
-        opencl.build_gpu(unscheduled_module(), _mali_target())
+        OPENCL.build(unscheduled_module(), _mali_target())
     assert "CPU" in err.value.message and "rpi4" in err.value.hint
 
 
@@ -216,7 +224,8 @@ def test_topi_gpu_implementations_and_scalar_kernel_arguments(pocl, tmp_path):
 
     tiny = tiny_module(lambda x, i, u: relax.op.scatter_elements(x, i, u, axis=0),
                         [((8, 4), "float32"), ((2, 4), "int64"), ((2, 4), "float32")])
-    executable, report = opencl.build_gpu(tiny, _mali_target())
+    built = OPENCL.build(tiny, _mali_target())
+    executable, report = built.executable, built.report
     assert [f.schedule for f in report.functions] == ["own thread bindings"]
     assert any("int64" in k.arg_types for k in report.kernels)
     executable.export_library(str(tmp_path / "scatter.so"))
@@ -254,7 +263,9 @@ def test_light_model_matches_the_outputs_shipped_with_it(pocl, models, gpu_build
     with np.load(model.inputs) as feeds, np.load(model.expected) as expected:
         inputs = {k: feeds[k] for k in feeds.files}
         want = expected[expected.files[0]]
-    actual = opencl.run_on_host_opencl(build, read_manifest(build), inputs)[0]
+    outputs, ran_on = parse_place("host-opencl").run(build, read_manifest(build), inputs)
+    assert ran_on == "this machine: opencl(0)"
+    actual = outputs[0]
     assert compare("out", actual, want, 1e-4, 1e-3).passed
 
 
@@ -267,15 +278,15 @@ def test_cli_compile_validate_and_kernels(pocl, models, tmp_path):
     report = json.loads(run_cli("validate", str(out), "--on", "host-opencl", "--json", check=True).stdout)
     assert report["passed"] and report["on"] == "host-opencl"
 
-    found = opencl.kernels(out)
+    found = edgepack.kernels(out).kernels
     assert found and all(k.source.startswith(f"// Function: {k.name}") for k in found)
     for k in found:
         assert f"__kernel void {k.name}(" in k.source
         assert all(isinstance(v, int) and v >= 1 for v in (*k.grid, *k.block))
         assert k.global_size == tuple(g * b for g, b in zip(k.grid, k.block))
-    text = opencl.render_kernels(found)
+    text = OPENCL.render_kernels(found)
     assert f"{len(found)} OpenCL kernel(s)" in text and found[0].name in text and "global " in text
-    lines = opencl.summary_lines(read_manifest(out).extra["opencl"])
+    lines = OPENCL.summary_lines(read_manifest(out))
     assert any("CPU fallback: none" in line for line in lines)
 
     # no emulated OpenCL GPU: --on emulator says so and what to use instead (before running anything)
@@ -308,7 +319,7 @@ def test_adreno_without_an_ndk_says_how_to_provide_one(models, tmp_path):
 def test_kernels_of_a_cpu_build_is_a_clear_error(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
     with pytest.raises(EdgepackError):
-        opencl.kernels(tmp_path)
+        edgepack.kernels(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,7 +348,7 @@ def _copy_with_patched_kernel(build: Path, dest: Path, kernel: str, patch) -> Pa
 
 
 def _last_conv_kernel(build: Path) -> str:
-    names = [k.name for k in opencl.kernels(build)]
+    names = [k.name for k in edgepack.kernels(build).kernels]
     return next(n for n in names if n.startswith("fused_conv2d_add"))
 
 
@@ -383,12 +394,13 @@ def test_host_opencl_refuses_a_cpu_build(pocl, models, build_cache):
 
 @pytest.mark.slow
 def test_c_api_runs_a_gpu_model_with_the_plugin_next_to_it(pocl, gpu_build, tmp_path):
-    from edgepack import native
-    from edgepack.bundle import run_c_runner
+    from edgepack.run.c_runner import run_c_runner
+    from edgepack.toolchain.c_programs import build_c_program
+    from edgepack.toolchain.tvm_runtime import host_runtime
 
     build = gpu_build("mobilenetv2", "mali-g610")
     manifest = read_manifest(build)
-    runner = native.build_c_program(native.host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
+    runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
     model_dir = tmp_path / "lib"
     model_dir.mkdir()
     shutil.copy(build / "host" / "model.so", model_dir / "model.so")
@@ -400,7 +412,7 @@ def test_c_api_runs_a_gpu_model_with_the_plugin_next_to_it(pocl, gpu_build, tmp_
         run_c_runner([], runner, model_dir / "model.so", inputs, manifest.inputs, manifest.outputs)
 
     # with it next to the model (as in a C bundle's lib/), ep_model_open loads it by itself
-    shutil.copy(opencl.host_plugin().shared, model_dir / "libtvm_opencl.so")
+    shutil.copy(OPENCL.plugin(HOST_TRIPLE).shared, model_dir / "libtvm_opencl.so")
     started = time.perf_counter()
     result = run_c_runner([], runner, model_dir / "model.so", inputs, manifest.inputs, manifest.outputs)
     assert time.perf_counter() - started < 300
@@ -414,23 +426,26 @@ def test_aarch64_plugin_cross_builds_and_loads_on_arm(gpu_build, tmp_path):
     """The plug-in for the device triple: ELF aarch64 linked against the official aarch64 runtime,
     no libOpenCL dependency; under qemu the C runner loads it, opens the GPU model and, as there is
     no aarch64 OpenCL driver here, stops with the runtime's clear 'no OpenCL library' error."""
-    from edgepack import native
-    from edgepack.bundle import run_c_runner
+    from edgepack.run.c_runner import run_c_runner
+    from edgepack.toolchain.c_programs import build_c_program
+    from edgepack.toolchain.compilers import find_compilers
+    from edgepack.toolchain.plugins import target_plugin
 
     if shutil.which("qemu-aarch64") is None:
         pytest.skip("qemu-user is not installed")
-    plugin, runtime = opencl.target_plugin("aarch64-linux-gnu", "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
+    plugin, runtime = target_plugin(OPENCL.recipe, "aarch64-linux-gnu", "aarch64-linux-gnu-gcc",
+                                    "aarch64-linux-gnu-g++")
     head = plugin.shared.read_bytes()[:20]
     assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 0xB7
     dynamic = subprocess.run(["aarch64-linux-gnu-readelf", "-d", str(plugin.shared)], capture_output=True,
                              text=True, check=True).stdout
     assert "libtvm_runtime.so" in dynamic and "OpenCL" not in dynamic
-    files = opencl.bundle_files("aarch64-linux-gnu", "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
+    files = OPENCL.runtime_files("aarch64-linux-gnu", find_compilers(get_profile("mali-g610")))
     assert set(files) == {"lib/libtvm_opencl.so", "lib/libtvm_opencl.a"}
 
     build = gpu_build("light_squeezenet", "mali-g610")
     manifest = read_manifest(build)
-    runner = native.build_c_program(runtime, tmp_path / "edgepack_run", cc="aarch64-linux-gnu-gcc")
+    runner = build_c_program(runtime, tmp_path / "edgepack_run", cc="aarch64-linux-gnu-gcc")
     lib = tmp_path / "lib"
     lib.mkdir()
     shutil.copy(build / "device" / "model.so", lib / "model.so")
@@ -452,8 +467,9 @@ def test_static_single_binary_opencl_bundle_runs_on_pocl(pocl, models, tmp_path)
     the model as a system library (host code + kernels), edgepack's OpenCL runtime (libtvm_opencl.a)
     and the static TVM runtime in one executable; no plug-in file, no libtvm_*.so. The same through
     the bundle's Makefile (EDGEPACK_STATIC=1). Matches ONNX Runtime."""
-    from edgepack.bundle import package_c, run_c_runner
-    from edgepack.compiler import compile_model
+    from edgepack.packaging.c import package_c
+    from edgepack.run.c_runner import run_c_runner
+    from edgepack.compiling import compile_model
 
     mali = get_profile("mali-g610")
     target = "\n".join(f"{k} = {json.dumps(v)}" for k, v in mali.target.items())
@@ -522,12 +538,21 @@ def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path, server_kind):
             port = s.getsockname()[1]
         server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port",
                                    str(port), "--port-end", str(port + 1), "--load-library",
-                                   str(opencl.host_plugin().shared)],
+                                   str(OPENCL.plugin(HOST_TRIPLE).shared)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     else:
-        started = opencl.HostRPCServer.start()
+        # as `tune --on host-opencl` runs it: the server built for this machine, the plug-in beside it
+        from edgepack.devices.local_server import LocalRPCServer
+        from edgepack.toolchain.compilers import Compilers, host_compilers
+        from edgepack.toolchain.rpc_server import server_bundle
+        from edgepack.toolchain.tvm_runtime import host_runtime
+
+        cc, cxx = host_compilers()
+        bundle = server_bundle(HOST_TRIPLE, cc, host_runtime(),
+                               OPENCL.rpc_server_files(HOST_TRIPLE, Compilers(cc, cxx, "")))
+        started = LocalRPCServer.start(bundle, "host-opencl")
         server, port, key = started.process, started.port, started.key
-        assert (opencl.host_rpc_server_program().parent / "libtvm_opencl.so").is_file()
+        assert (bundle.program.parent / "libtvm_opencl.so").is_file()
     try:
         session = None
         for _ in range(60):
@@ -541,7 +566,7 @@ def test_rpc_server_with_the_plugin_serves_opencl(pocl, tmp_path, server_kind):
         assert dev.exist
 
         tiny = tiny_module(lambda x: relax.op.nn.softmax(x), [((2, 32), "float32")])
-        executable, _ = opencl.build_gpu(tiny, _mali_target())
+        executable = OPENCL.build(tiny, _mali_target()).executable
         executable.export_library(str(tmp_path / "tiny.so"))
         session.upload(str(tmp_path / "tiny.so"))
         vm = relax.VirtualMachine(session.load_module("tiny.so"), dev)
@@ -565,7 +590,7 @@ def test_device_rpc_server_install_for_mali_carries_and_loads_the_plugin(tmp_pat
     aarch64 OpenCL driver, so the device reports no OpenCL GPU, but the module loader is there)."""
     from tvm import rpc
 
-    from edgepack.remote.devices import ensure_server_bundle
+    from edgepack.devices.deploy import ensure_server_bundle
 
     if shutil.which("qemu-aarch64") is None:
         pytest.skip("qemu-user is not installed")
@@ -614,8 +639,9 @@ def test_tune_mali_on_host_opencl_resume_compile_and_validate(pocl, models, tmp_
     the records (tuned kernels in the device and the host library alike) and validated vs ONNX Runtime."""
     from tvm.s_tir.meta_schedule.database import JSONDatabase
 
-    from edgepack.compiler import compile_model
-    from edgepack.tuning import RECORD_FILE, WORKLOAD_FILE, load_tuning
+    from edgepack.compiling import compile_model
+    from edgepack.tuning import load_tuning
+    from edgepack.tuning.records import RECORD_FILE, WORKLOAD_FILE
 
     model = models["ppocr_cls"]
     out = tmp_path / "tuning"
@@ -661,7 +687,7 @@ def test_tune_mali_on_host_opencl_resume_compile_and_validate(pocl, models, tmp_
     # host-opencl runs the kernels the device library ships: the tuned ones
     import tvm
 
-    host_source = opencl.opencl_source(tvm.runtime.load_module(str(build.host_library)))
+    host_source = module_source(tvm.runtime.load_module(str(build.host_library)), "opencl")
     assert host_source == (build.output_dir / "device" / "kernels.cl").read_text()
     report = validate(build.output_dir, "host-opencl", seed=3)
     assert report.passed, report.to_dict()

@@ -16,16 +16,22 @@ import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import apt_install, builds_once, check_gpu_build, tiny_module, unscheduled_module
 
-from edgepack import vulkan
+import edgepack
+from edgepack.backends import get_backend
+from edgepack.backends.vulkan import driver_status
 from edgepack.errors import CompileError, EdgepackError, ValidationError
+from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
 from edgepack.profiles import get_profile
-from edgepack.reference import run_reference
-from edgepack.validation import compare, random_inputs, validate
+from edgepack.tensors import random_inputs
+from edgepack.toolchain.compilers import HOST_TRIPLE
+from edgepack.toolchain.wgpu_native import WGPU_LIBRARY, WGPU_NATIVE_VERSION, WGPU_WHEELS, wgpu_native
+from edgepack.validation import compare, validate
 
 ROOT = Path(__file__).resolve().parent.parent
-VULKAN_SRC = ROOT / "runtimes" / "vulkan"
+VULKAN_SRC = ROOT / "runtimes" / "plugins" / "vulkan"
 QEMU = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+VULKAN = get_backend("vulkan")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -39,13 +45,13 @@ def _install_lavapipe() -> str | None:
 @pytest.fixture(scope="session")
 def lavapipe():
     """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0)."""
-    ok, found, _hint = vulkan.host_vulkan_status()
+    ok, found, _hint = driver_status()
     if not ok:
         why = _install_lavapipe()
         if why:
             pytest.skip(f"{found}: {why}")
     try:
-        info = vulkan.load_plugin()
+        info = VULKAN.load_plugin()
     except EdgepackError as err:  # e.g. no network for the pinned wgpu wheel
         pytest.skip(f"edgepack's Vulkan runtime is not available: {err}")
     if not info["available"] or not info["devices"]:
@@ -91,12 +97,12 @@ def _workgroup_bytes(source: str) -> int:
 @pytest.mark.slow
 def test_plugin_builds_warning_free_without_linking_wgpu_or_vulkan(tmp_path):
     """-Wall -Wextra -Werror on our sources; libtvm_vulkan.so does not depend on wgpu-native or Vulkan."""
-    from edgepack import native
+    from edgepack.toolchain.tvm_runtime import host_runtime, tvm_source_dirs
 
-    rt = native.host_runtime()
-    tvm_dir, ffi_dir = native.tvm_source_dirs()
+    rt = host_runtime()
+    tvm_dir, ffi_dir = tvm_source_dirs()
     libs = {p.name: p for p in rt.shared_libs}
-    wgpu = vulkan.wgpu_native("x86_64-linux-gnu")
+    wgpu = wgpu_native("x86_64-linux-gnu")
     build = tmp_path / "b"
     configure = ["cmake", "-S", str(VULKAN_SRC), "-B", str(build), f"-DTVM_SOURCE_DIR={tvm_dir}",
                  f"-DTVM_FFI_SOURCE_DIR={ffi_dir}", f"-DTVM_RUNTIME_LIBRARY={libs['libtvm_runtime.so']}",
@@ -115,10 +121,10 @@ def test_plugin_builds_warning_free_without_linking_wgpu_or_vulkan(tmp_path):
 
 
 def test_wgpu_native_is_the_pinned_wheel_and_headers():
-    wgpu = vulkan.wgpu_native("x86_64-linux-gnu")
+    wgpu = wgpu_native("x86_64-linux-gnu")
     manifest = json.loads((wgpu.library.parent.parent / "manifest.json").read_text())
-    assert manifest["wheel_sha256"] == vulkan.WGPU_WHEELS["x86_64-linux-gnu"].sha256
-    assert manifest["wgpu_native"] == vulkan.WGPU_NATIVE_VERSION
+    assert manifest["wheel_sha256"] == WGPU_WHEELS["x86_64-linux-gnu"].sha256
+    assert manifest["wgpu_native"] == WGPU_NATIVE_VERSION
     assert {p.name for p in wgpu.include_dir.iterdir()} >= {"webgpu.h", "wgpu.h"}
     assert wgpu.library.read_bytes()[:4] == b"\x7fELF"
 
@@ -130,7 +136,7 @@ def test_plugin_registers_the_webgpu_device_on_lavapipe(lavapipe):
     for name in ("device_api.webgpu", "ffi.Module.load_from_bytes.webgpu", "edgepack.vulkan.uses_webgpu"):
         assert tvm_ffi.get_global_func(name, allow_missing=True) is not None, name
     device = lavapipe["devices"][0]
-    assert device["backend"] == "vulkan" and lavapipe["wgpu_version"] == vulkan.WGPU_NATIVE_VERSION
+    assert device["backend"] == "vulkan" and lavapipe["wgpu_version"] == WGPU_NATIVE_VERSION
     assert lavapipe["library"].endswith("libwgpu_native.so")
     dev = tvm.device("webgpu", 0)
     assert dev.exist and dev.device_name == device["name"]
@@ -138,11 +144,11 @@ def test_plugin_registers_the_webgpu_device_on_lavapipe(lavapipe):
     assert dev.max_threads_per_block == device["max_workgroup_invocations"] >= 256
     assert dev.warp_size == 1 and dev.max_shared_memory_per_block == device["max_workgroup_storage"] >= 16384
     assert not tvm.device("webgpu", 1).exist
-    assert vulkan.load_plugin() == lavapipe  # loading again is a no-op
+    assert VULKAN.load_plugin() == lavapipe  # loading again is a no-op
 
 
 def test_doctor_status_sees_the_driver(lavapipe):
-    ok, found, hint = vulkan.host_vulkan_status()
+    ok, found, hint = driver_status()
     assert ok and "driver manifest" in found and hint == ""
 
 
@@ -167,7 +173,8 @@ def test_compiled_module_runs_and_reports_its_shaders(lavapipe, tmp_path):
     from tvm import relax
 
     tiny = tiny_module(lambda x: relax.op.sum(relax.op.nn.softmax(relax.op.add(x, x)), axis=[1]), [((4, 64), "float32")])
-    executable, report = vulkan.build_gpu(tiny, _target())
+    built = VULKAN.build(tiny, _target())
+    executable, report = built.executable, built.report
     assert report.pipeline == "gpu_generic" and report.unscheduled == []
     assert {k.name for k in report.kernels} >= {"add_kernel", "softmax_kernel", "sum_kernel"}
     softmax = next(k for k in report.kernels if k.name == "softmax_kernel")
@@ -183,7 +190,8 @@ def test_dynamic_shapes_pass_scalar_arguments_in_the_uniform(lavapipe, tmp_path)
     from tvm import relax, tirx
 
     n = tirx.Var("n", "int64")
-    executable, report = vulkan.build_gpu(tiny_module(lambda x: relax.op.add(x, x), [((n, 64), "float32")]), _target())
+    built = VULKAN.build(tiny_module(lambda x: relax.op.add(x, x), [((n, 64), "float32")]), _target())
+    executable, report = built.executable, built.report
     kernel = report.kernels[0]
     assert "int64" in kernel.arg_types and "n: i32" in kernel.source
     for rows in (5, 300):
@@ -198,8 +206,9 @@ def test_float16_runs_when_the_driver_has_shader_f16(lavapipe, tmp_path):
 
     if not lavapipe["devices"][0]["shader_f16"]:
         pytest.skip("this Vulkan driver has no shaderFloat16")
-    executable, report = vulkan.build_gpu(
+    built = VULKAN.build(
         tiny_module(lambda x: relax.op.nn.softmax(relax.op.add(x, x)), [((64, 64), "float16")]), _target())
+    executable, report = built.executable, built.report
     assert all("enable f16;" in k.source for k in report.kernels)
     x = np.random.default_rng(5).random((64, 64)).astype(np.float16)
     out = _run_tiny(executable, tmp_path, x)
@@ -213,7 +222,8 @@ def test_grids_beyond_the_dispatch_limit_are_folded(lavapipe, tmp_path):
     from tvm import relax
 
     size = (65536 + 3) * 256
-    executable, report = vulkan.build_gpu(tiny_module(lambda x: relax.op.nn.relu(x), [((size,), "float32")]), _target())
+    built = VULKAN.build(tiny_module(lambda x: relax.op.nn.relu(x), [((size,), "float32")]), _target())
+    executable, report = built.executable, built.report
     assert report.kernels[0].grid[0] > lavapipe["devices"][0]["max_workgroups_per_dimension"]
     x = np.random.default_rng(4).standard_normal(size).astype(np.float32)
     np.testing.assert_array_equal(_run_tiny(executable, tmp_path, x), np.maximum(x, 0))
@@ -226,14 +236,14 @@ def test_profile_limits_reach_the_schedules():
     tiny = tiny_module(lambda x: relax.op.nn.relu(x), [((1, 64, 56, 56), "float32")])
     for profile in ("vulkan-generic", "mali-g610-vulkan"):
         limit = get_profile(profile).target["max_num_threads"]
-        _exe, report = vulkan.build_gpu(tiny, _target(profile))
+        report = VULKAN.build(tiny, _target(profile)).report
         assert int(np.prod(report.kernels[0].block)) == limit, (profile, report.kernels[0].block)
     assert get_profile("mali-g610-vulkan").target["max_shared_memory_per_block"] == 32768
 
 
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
-        vulkan.build_gpu(unscheduled_module(), _target())
+        VULKAN.build(unscheduled_module(), _target())
     assert "CPU" in err.value.message
 
 
@@ -243,29 +253,29 @@ def test_64_bit_integers_are_refused_with_the_reason():
 
     tiny = tiny_module(lambda x, i: relax.op.take(x, i, axis=0), [((8, 4), "float32"), ((3,), "int64")], "take.onnx")
     with pytest.raises(CompileError, match="64-bit integers") as err:
-        vulkan.build_gpu(tiny, _target())
+        VULKAN.build(tiny, _target())
     assert "mali-g610" in err.value.hint and "int32" in err.value.hint
 
 
 def test_kernels_of_a_cpu_build_is_a_clear_error(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
     with pytest.raises(EdgepackError):
-        vulkan.kernels(tmp_path)
+        edgepack.kernels(tmp_path)
 
 
 def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
     monkeypatch.delenv("EDGEPACK_WGPU_NATIVE", raising=False)
     with pytest.raises(EdgepackError, match="No wgpu-native library for aarch64-linux-android") as err:
-        vulkan.wgpu_native("aarch64-linux-android")
+        wgpu_native("aarch64-linux-android")
     assert "EDGEPACK_WGPU_NATIVE" in err.value.hint and "cargo ndk" in err.value.hint
     # a library for another architecture is refused by its ELF header
-    x86, arm = vulkan.wgpu_native("x86_64-linux-gnu").library, vulkan.wgpu_native("aarch64-linux-gnu").library
+    x86, arm = wgpu_native("x86_64-linux-gnu").library, wgpu_native("aarch64-linux-gnu").library
     monkeypatch.setenv("EDGEPACK_WGPU_NATIVE", str(x86))
     with pytest.raises(EdgepackError, match="not a shared library for aarch64-linux-android"):
-        vulkan.wgpu_native("aarch64-linux-android")
+        wgpu_native("aarch64-linux-android")
     monkeypatch.setenv("EDGEPACK_WGPU_NATIVE", str(arm))
-    assert vulkan.wgpu_native("aarch64-linux-android").library == arm
-    assert vulkan.wgpu_native("x86_64-linux-gnu").library == x86  # Linux triples keep the pinned wheel's
+    assert wgpu_native("aarch64-linux-android").library == arm
+    assert wgpu_native("x86_64-linux-gnu").library == x86  # Linux triples keep the pinned wheel's
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,7 +293,7 @@ def test_real_models_on_vulkan_match_the_reference(lavapipe, vk_build, name, pro
     build = vk_build(name, profile)
     # every shader stays within the profile's limits
     limits = get_profile(profile).target
-    for k in vulkan.kernels(build):
+    for k in edgepack.kernels(build).kernels:
         assert int(np.prod(k.block)) <= limits["max_num_threads"], k.name
         assert _workgroup_bytes(k.source) <= limits["max_shared_memory_per_block"], k.name
     assert check_gpu_build(build, "vulkan", "host-vulkan", name)["language"] == "wgsl"
@@ -301,7 +311,7 @@ def test_cli_compile_validate_and_inspect_kernels(lavapipe, models, tmp_path):
 
     text = run_cli("inspect", str(out), "--kernels", check=True).stdout
     flat = " ".join(text.split())
-    found = vulkan.kernels(out)
+    found = edgepack.kernels(out).kernels
     assert f"{len(found)} WGSL shader(s)" in flat
     for k in found:
         assert f"fn {k.name}(" in k.source and "@compute @workgroup_size(" in k.source
@@ -312,7 +322,7 @@ def test_cli_compile_validate_and_inspect_kernels(lavapipe, models, tmp_path):
     listed = json.loads(run_cli("inspect", str(out), "--kernels", "--json", check=True).stdout)
     assert [k["name"] for k in listed] == [k.name for k in found]
     assert all("@compute" in k["source"] for k in listed)
-    lines = vulkan.summary_lines(read_manifest(out).extra["vulkan"])
+    lines = VULKAN.summary_lines(read_manifest(out))
     assert any("CPU fallback: none" in line for line in lines) and "WGSL shaders" in lines[0]
 
 
@@ -349,7 +359,8 @@ def _copy_with_patched_shader(build: Path, dest: Path, kernel: str, old: bytes, 
 
 
 def _a_conv_shader(build: Path, needle: str = "") -> str:
-    return next(k.name for k in vulkan.kernels(build) if k.name.startswith("fused_conv2d") and needle in k.source)
+    return next(k.name for k in edgepack.kernels(build).kernels
+                if k.name.startswith("fused_conv2d") and needle in k.source)
 
 
 @pytest.mark.slow
@@ -388,12 +399,13 @@ def test_a_shader_that_computes_the_wrong_thing_fails_validation(lavapipe, vk_bu
 def test_c_api_runs_a_vulkan_model_with_the_plugin_next_to_it(lavapipe, vk_build, tmp_path):
     """The C runner (no Python) on this machine: host/model.so + libtvm_vulkan.so + libwgpu_native.so
     side by side, as in a C bundle's lib/, on lavapipe."""
-    from edgepack import native
-    from edgepack.bundle import run_c_runner
+    from edgepack.run.c_runner import run_c_runner
+    from edgepack.toolchain.c_programs import build_c_program
+    from edgepack.toolchain.tvm_runtime import host_runtime
 
     build = vk_build("mobilenetv2")
     manifest = read_manifest(build)
-    runner = native.build_c_program(native.host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
+    runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
     lib = tmp_path / "lib"
     lib.mkdir()
     shutil.copy(build / "host" / "model.so", lib / "model.so")
@@ -401,9 +413,9 @@ def test_c_api_runs_a_vulkan_model_with_the_plugin_next_to_it(lavapipe, vk_build
     inputs = random_inputs(manifest.inputs, seed=11)
     with pytest.raises(EdgepackError, match="libtvm_vulkan.so"):  # what is missing, by name
         run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
-    plugin = vulkan.host_plugin()
-    shutil.copy(plugin.shared, lib / vulkan.PLUGIN_SHARED)
-    shutil.copy(plugin.wgpu, lib / vulkan.WGPU_LIBRARY)
+    plugin = VULKAN.plugin(HOST_TRIPLE)
+    shutil.copy(plugin.shared, lib / VULKAN.recipe.shared)
+    shutil.copy(plugin.files(static=False)[f"lib/{WGPU_LIBRARY}"], lib / WGPU_LIBRARY)
     result = run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
     expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
     for spec, actual, want in zip(manifest.outputs, result.outputs, expected):
@@ -415,7 +427,8 @@ def test_package_c_for_vulkan_carries_the_runtime_and_wgpu_for_aarch64(vk_build,
     """The aarch64 bundle: runtime module + wgpu-native from the aarch64 wheel, all aarch64 ELF; its
     runner loads them under qemu and, with no aarch64 Vulkan driver here, stops with the runtime's
     clear 'no adapter' error (with one, it must compute the right thing)."""
-    from edgepack.bundle import package_c, run_c_runner
+    from edgepack.packaging.c import package_c
+    from edgepack.run.c_runner import run_c_runner
 
     build = vk_build("ppocr_cls")
     bundle = package_c(build, tmp_path / "dist")
@@ -426,7 +439,7 @@ def test_package_c_for_vulkan_carries_the_runtime_and_wgpu_for_aarch64(vk_build,
     for rel in ("lib/model.so", "lib/libtvm_vulkan.so", "lib/libwgpu_native.so", "bin/edgepack_run"):
         head = (bundle.output_dir / rel).read_bytes()[:20]
         assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 0xB7, rel
-    wgpu_sha = json.loads((vulkan.wgpu_native("aarch64-linux-gnu").library.parent.parent / "manifest.json")
+    wgpu_sha = json.loads((wgpu_native("aarch64-linux-gnu").library.parent.parent / "manifest.json")
                           .read_text())["library_sha256"]
     assert next(f.sha256 for f in bundle.files if f.path == "lib/libwgpu_native.so") == wgpu_sha
 

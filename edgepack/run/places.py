@@ -67,8 +67,8 @@ class ThisMachine(Place):
         built = backend_for(manifest)
         if self.backend is not None and self.backend is not built:
             raise EdgepackError(
-                f"{build_dir} was compiled for {manifest.profile_name} ({built.label}), so --on {self.on} cannot "
-                f"run it ({self.on} runs {self.backend.label} builds).",
+                f"{build_dir} was compiled for {manifest.profile_name} ({built.name}), not for "
+                f"{self.backend.device_noun}: --on {self.on} runs {self.backend.label} builds.",
                 f"Use --on {built.host_place} (or --on host), or compile for a {self.backend.label} profile.",
             )
         return built
