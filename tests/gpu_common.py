@@ -64,7 +64,7 @@ def unscheduled_module():
 
 def builds_once(models, root: Path, profile_path: Callable[[str], str] = str) -> Callable[[str, str], Path]:
     """``get(model, profile)``: the model compiled for the profile, once per session."""
-    from edgepack.compiler import compile_model
+    from edgepack.compiling import compile_model
 
     built: dict[tuple[str, str], Path] = {}
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
 
-from edgepack.bundle import package_c, read_bundle, run_bundle
+from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
-from edgepack.reference import run_reference
-from edgepack.validation import compare, random_inputs, validate
+from edgepack.packaging.c import package_c, read_bundle, run_bundle
+from edgepack.tensors import random_inputs
+from edgepack.validation import compare, validate
 
 MODELS = ["light_resnet50", "light_squeezenet", "light_shufflenet", "face_detection_short_range",
           "ppocr_cls", "mobilenetv2"]
@@ -156,7 +157,7 @@ def test_opencl_bundle_carries_the_runtime_module(models, tmp_path):
     library and, with no aarch64 OpenCL driver here, stops at the runtime's "no OpenCL library" error)."""
     import shutil
 
-    from edgepack.compiler import compile_model
+    from edgepack.compiling import compile_model
 
     build = compile_model(models["ppocr_cls"].path, "mali-g610", tmp_path / "mali",
                           input_shapes=models["ppocr_cls"].input_shapes).output_dir
@@ -171,8 +172,8 @@ def test_opencl_bundle_carries_the_runtime_module(models, tmp_path):
     assert int.from_bytes(static[18:20], "little") == 0xB7 and b"libtvm_runtime.so" not in static
     assert read_bundle(bundle.output_dir).profile == "mali-g610"
     if shutil.which("qemu-aarch64"):
-        from edgepack.bundle import run_c_runner
         from edgepack.errors import EdgepackError
+        from edgepack.run.c_runner import run_c_runner
 
         manifest = read_manifest(build)
         with pytest.raises(EdgepackError, match="no usable OpenCL library"):

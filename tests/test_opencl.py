@@ -467,9 +467,9 @@ def test_static_single_binary_opencl_bundle_runs_on_pocl(pocl, models, tmp_path)
     the model as a system library (host code + kernels), edgepack's OpenCL runtime (libtvm_opencl.a)
     and the static TVM runtime in one executable; no plug-in file, no libtvm_*.so. The same through
     the bundle's Makefile (EDGEPACK_STATIC=1). Matches ONNX Runtime."""
+    from edgepack.compiling import compile_model
     from edgepack.packaging.c import package_c
     from edgepack.run.c_runner import run_c_runner
-    from edgepack.compiling import compile_model
 
     mali = get_profile("mali-g610")
     target = "\n".join(f"{k} = {json.dumps(v)}" for k, v in mali.target.items())

@@ -290,9 +290,9 @@ def _distinct_schedules(directory: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     """Ctrl-C, then SIGKILL, then resume: every finished measurement is kept, none is redone."""
-    from edgepack.packaging.c import package_c, run_bundle
     from edgepack.compiling import compile_model
     from edgepack.frontends import run_reference
+    from edgepack.packaging.c import package_c, run_bundle
     from edgepack.validation import validate
 
     model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
