@@ -138,7 +138,7 @@ def litert_runtime_bytes() -> int:
 
 
 def make_inputs(specs, seed: int = 0) -> dict:
-    from edgepack.validation import random_inputs
+    from edgepack.tensors import random_inputs
 
     return random_inputs(specs, seed)
 
@@ -147,7 +147,7 @@ def tvm_runner(library: Path, names: list[str], inputs):
     import tvm
     from tvm import relax
 
-    from edgepack.reference import quiet_native_stderr
+    from edgepack.frontends.reference import quiet_native_stderr
 
     with quiet_native_stderr():
         executable = tvm.runtime.load_module(str(library))
@@ -175,7 +175,7 @@ def ort_runner(model: Path, inputs, threads: int):
 def litert_runner(model: Path, inputs, threads: int):
     from ai_edge_litert.interpreter import Interpreter
 
-    from edgepack.reference import quiet_native_stderr
+    from edgepack.frontends.reference import quiet_native_stderr
 
     with quiet_native_stderr():
         interpreter = Interpreter(model_path=str(model), num_threads=threads)
@@ -233,8 +233,8 @@ def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int
 
 
 def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[Row]:
-    from edgepack.compiler import compile_model
-    from edgepack.importers import inspect_model
+    from edgepack.compiling import compile_model
+    from edgepack.frontends import inspect_model
     from edgepack.tuning import load_tuning, tune_model
 
     info = inspect_model(test_model.path)
@@ -257,7 +257,7 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
             say(f"  {p.trials}/{p.trials_budget} {task.name} best {task.best_seconds and task.best_seconds * 1e3:.3f} ms")
 
     tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=trials, input_shapes=shapes,
-                              trials_per_batch=args.batch, num_cores=args.threads, progress=progress,
+                              trials_per_batch=args.batch, num_cores=args.threads, on_progress=progress,
                               log=(lambda m: say(f"  {m}")) if args.verbose else None)
     if tuned_result.stopped == "interrupted":
         raise KeyboardInterrupt

@@ -9,8 +9,8 @@
 The cases are the ones shipped in the installed ``onnx`` wheel (``onnx/backend/test/data/node``):
 every directory except the ``*_expanded*`` variants (those are the same operator written out as a
 function body). Each case goes through exactly what ``edgepack compile`` does on the host:
-``edgepack.importers.import_model`` (ONNX Runtime's basic constant folding, then TVM's Relax ONNX
-frontend with edgepack's converters) and ``edgepack.compiler.build`` (TVM's default pipeline for
+``edgepack.frontends.import_model`` (ONNX Runtime's basic constant folding, then TVM's Relax ONNX
+frontend with edgepack's converters) and the CPU backend's ``build`` (TVM's default pipeline for
 the host target), then runs in the Relax VM; outputs are compared with the expected outputs shipped
 with the case like ONNX's own backend runner does (same shape and dtype, ``rtol=1e-3, atol=1e-7``).
 
@@ -232,10 +232,10 @@ def run_case(case: str, workdir: str) -> CaseResult:
     import tvm
     from tvm import relax
 
-    from edgepack.compiler import HOST_TARGET, build
+    from edgepack.backends import get_backend
     from edgepack.errors import EdgepackError
-    from edgepack.importers import import_model
-    from edgepack.onnx_ops import from_container, to_container
+    from edgepack.frontends import import_model
+    from edgepack.frontends.onnx_ops import from_container, to_container
 
     case_dir = node_test_dir() / case
     started = time.perf_counter()
@@ -270,7 +270,7 @@ def run_case(case: str, workdir: str) -> CaseResult:
     except Exception as exc:  # noqa: BLE001 - anything else is a bug in the import path; record it
         return result("error", "import", f"{type(exc).__name__}: {exc}")
     try:
-        executable = build(imported, tvm.target.Target(HOST_TARGET))
+        executable = get_backend("cpu").build(imported, tvm.target.Target({"kind": "llvm"})).executable
     except Exception as exc:  # noqa: BLE001
         return result("error", "compile", str(exc))
     try:
@@ -486,8 +486,8 @@ def write_markdown(path: Path, results: list[CaseResult], summary: dict, seconds
         "",
         "Notes on what the numbers mean:",
         "- Sub-byte types (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) cross the compiled model's boundary in 8-bit",
-        "  containers, one value per byte (`edgepack.onnx_ops.to_container` / `from_container`): TVM tensors",
-        "  must be whole bytes. The comparison is on the values.",
+        "  containers, one value per byte (`edgepack.frontends.onnx_ops.to_container` / `from_container`): TVM",
+        "  tensors must be whole bytes. The comparison is on the values.",
         "- Out of reach by design: string tensors (TVM has no string type), ImageDecoder, sequence/optional",
         "  values as model inputs, and random operators (Bernoulli, Dropout in training mode), whose outputs",
         "  cannot match a recorded sample.",

@@ -67,10 +67,13 @@ def make_rootfs(work: Path) -> Path:
 
 
 def main() -> int:
-    from edgepack import native, opencl
+    from edgepack.backends import get_backend
+    from edgepack.frontends import run_reference
     from edgepack.manifest import read_manifest
-    from edgepack.reference import run_reference
-    from edgepack.validation import compare, random_inputs
+    from edgepack.tensors import random_inputs
+    from edgepack.toolchain.c_programs import build_c_program
+    from edgepack.toolchain.plugins import target_plugin
+    from edgepack.validation import compare
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("build", type=Path)
@@ -82,12 +85,13 @@ def main() -> int:
     if manifest.profile.get("backend") != "opencl" or manifest.profile.get("triple") != "aarch64-linux-gnu":
         parser.error(f"{args.build} is not an aarch64-linux-gnu OpenCL build")
     rootfs = make_rootfs(args.work)
-    plugin, runtime = opencl.target_plugin("aarch64-linux-gnu", "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
+    plugin, runtime = target_plugin(get_backend("opencl").recipe, "aarch64-linux-gnu", "aarch64-linux-gnu-gcc",
+                                    "aarch64-linux-gnu-g++")
     job = rootfs / "edgepack"
     shutil.rmtree(job, ignore_errors=True)
     (job / "lib").mkdir(parents=True)
     (job / "out").mkdir()
-    native.build_c_program(runtime, job / "edgepack_run", cc="aarch64-linux-gnu-gcc", rpath=["$ORIGIN/lib"])
+    build_c_program(runtime, job / "edgepack_run", cc="aarch64-linux-gnu-gcc", rpath=["$ORIGIN/lib"])
     for lib in runtime.shared_libs:
         shutil.copy2(lib, job / "lib" / lib.name)
     shutil.copy2(plugin.shared, job / "lib" / "libtvm_opencl.so")

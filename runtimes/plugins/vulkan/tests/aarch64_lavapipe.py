@@ -70,10 +70,11 @@ def make_rootfs(work: Path) -> Path:
 
 
 def main() -> int:
-    from edgepack.bundle import package_c
+    from edgepack.frontends import run_reference
     from edgepack.manifest import read_manifest
-    from edgepack.reference import run_reference
-    from edgepack.validation import compare, random_inputs
+    from edgepack.packaging.c import package_c
+    from edgepack.tensors import random_inputs
+    from edgepack.validation import compare
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("build", type=Path)
