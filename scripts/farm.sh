@@ -18,16 +18,37 @@
 #     qemu-user binfmt (`uname -m` says aarch64); dynamically linked aarch64 programs run too
 #     (QEMU_LD_PREFIX=/usr/aarch64-linux-gnu is set in every session).
 #
+# With EDGEPACK_FARM_ARCH=x86_64 the devices are native instead (named farmxI, on 10.78.0.0/24, their
+# own bridge, namespaces and state directory, so both farms can run at once): the same namespace, user
+# and sshd, but this machine's own userland (/bin/sh, /usr/bin), so whatever runs here runs there -- an
+# OpenCL driver such as PoCL included: an x86-64 "GPU device" reached over SSH.
+#
 # State lives in ${EDGEPACK_FARM_DIR:-/var/lib/edgepack-farm}; farm.json there describes the farm
 # (devices: name, address, port, user, key_path, host_key_fingerprint ...). Needs root.
-# Environment: EDGEPACK_FARM_DIR, EDGEPACK_FARM_NET (first three octets, default 10.77.0).
+# Environment: EDGEPACK_FARM_DIR, EDGEPACK_FARM_NET (first three octets, default 10.77.0),
+# EDGEPACK_FARM_ARCH (aarch64, the default, or x86_64).
 set -euo pipefail
 
-STATE=${EDGEPACK_FARM_DIR:-/var/lib/edgepack-farm}
-NET=${EDGEPACK_FARM_NET:-10.77.0}
-BRIDGE=epfarm0
-NS_PREFIX=epfarm-
-USER_PREFIX=farm
+ARCH=${EDGEPACK_FARM_ARCH:-aarch64}
+case "$ARCH" in
+  aarch64)
+    STATE=${EDGEPACK_FARM_DIR:-/var/lib/edgepack-farm}
+    NET=${EDGEPACK_FARM_NET:-10.77.0}
+    BRIDGE=epfarm0
+    NS_PREFIX=epfarm-
+    USER_PREFIX=farm
+    VETH_PREFIX=epf
+    ;;
+  x86_64)
+    STATE=${EDGEPACK_FARM_DIR:-/var/lib/edgepack-farm-x86_64}
+    NET=${EDGEPACK_FARM_NET:-10.78.0}
+    BRIDGE=epfarmx0
+    NS_PREFIX=epfarmx-
+    USER_PREFIX=farmx
+    VETH_PREFIX=epx
+    ;;
+  *) printf 'farm: error: EDGEPACK_FARM_ARCH must be aarch64 or x86_64, not %s\n' "$ARCH" >&2; exit 2 ;;
+esac
 MAX_DEVICES=40
 QEMU_LD_PREFIX_DIR=/usr/aarch64-linux-gnu
 
@@ -111,6 +132,7 @@ ensure_binfmt() {
 # Debian's aarch64 static busybox, fetched from the Debian mirror with a private apt state:
 # the system's dpkg architectures and package lists are not touched.
 ensure_busybox() {
+  [[ $ARCH == aarch64 ]] || return 0
   local cache=$STATE/cache
   if [[ -x $cache/busybox ]]; then return; fi
   log "downloading busybox-static:arm64 from the Debian mirror"
@@ -132,7 +154,12 @@ ensure_busybox() {
 }
 
 # $STATE/rootfs/bin: busybox and one link per applet; the devices' login shell and PATH.
+# Native (x86_64) devices use this machine's own shell and PATH instead.
+login_shell() { if [[ $ARCH == aarch64 ]]; then echo "$STATE/rootfs/bin/sh"; else echo /bin/sh; fi; }
+device_path() { if [[ $ARCH == aarch64 ]]; then echo "$STATE/rootfs/bin"; else echo /usr/local/bin:/usr/bin:/bin; fi; }
+
 ensure_rootfs() {
+  [[ $ARCH == aarch64 ]] || return 0
   local bin=$STATE/rootfs/bin
   if [[ -x $bin/sh ]] && [[ $("$bin/sh" -c 'uname -m' 2>/dev/null) == aarch64 ]]; then return; fi
   rm -rf "$STATE/rootfs"
@@ -202,9 +229,9 @@ ensure_user() {
   user=${USER_PREFIX}$i
   if id -u "$user" >/dev/null 2>&1; then
     [[ -f $dir/user-created ]] || die "user $user exists but was not made by farm.sh; remove it or use another machine"
-    usermod -d "$dir/home" -s "$STATE/rootfs/bin/sh" "$user" >/dev/null
+    usermod -d "$dir/home" -s "$(login_shell)" "$user" >/dev/null
   else
-    useradd --system --user-group --no-create-home -d "$dir/home" -s "$STATE/rootfs/bin/sh" \
+    useradd --system --user-group --no-create-home -d "$dir/home" -s "$(login_shell)" \
       -c "edgepack farm device $i" "$user"
     touch "$dir/user-created"
   fi
@@ -243,7 +270,7 @@ ClientAliveInterval 15
 ClientAliveCountMax 4
 LoginGraceTime 30
 Subsystem sftp internal-sftp
-SetEnv QEMU_LD_PREFIX=$QEMU_LD_PREFIX_DIR PATH=$STATE/rootfs/bin TMPDIR=$dir/home/tmp EDGEPACK_FARM_DEVICE=${USER_PREFIX}$i
+SetEnv QEMU_LD_PREFIX=$QEMU_LD_PREFIX_DIR PATH=$(device_path) TMPDIR=$dir/home/tmp EDGEPACK_FARM_DEVICE=${USER_PREFIX}$i
 EOF
 }
 
@@ -251,8 +278,8 @@ ensure_netns() {
   local i=$1 ns addr hostveth devveth
   ns=$(dev_ns "$i")
   addr=$(dev_addr "$i")
-  hostveth="epf${i}h"
-  devveth="epf${i}d"
+  hostveth="${VETH_PREFIX}${i}h"
+  devveth="${VETH_PREFIX}${i}d"
   if ip netns list | grep -qw "^$ns" && ip link show "$hostveth" >/dev/null 2>&1 \
      && ip netns exec "$ns" ip -4 addr show dev eth0 2>/dev/null | grep -q "inet $addr/"; then
     return
@@ -340,7 +367,7 @@ remove_device() {
   dir=$(dev_dir "$i")
   user=${USER_PREFIX}$i
   kill_device "$i"
-  ip link del "epf${i}h" >/dev/null 2>&1 || true
+  ip link del "${VETH_PREFIX}${i}h" >/dev/null 2>&1 || true
   ip netns del "$(dev_ns "$i")" >/dev/null 2>&1 || true
   if [[ -f $dir/user-created ]] && id -u "$user" >/dev/null 2>&1; then
     userdel "$user" >/dev/null 2>&1 || log "warning: userdel $user failed"
@@ -389,8 +416,8 @@ write_farm_json() {
       printf '\n    {"name": "%s", "address": "%s", "port": 22, "user": "%s", "key_path": "%s",\n' \
         "${USER_PREFIX}$i" "$addr" "${USER_PREFIX}$i" "$STATE/client_key"
       printf '     "host_key_type": "%s", "host_key": "%s", "host_key_fingerprint": "%s",\n' "$ktype" "$kb64" "$fp"
-      printf '     "netns": "%s", "home": "%s", "sshd_pid": %s, "arch": "aarch64"}' \
-        "$(dev_ns "$i")" "$dir/home" "${pid:-null}"
+      printf '     "netns": "%s", "home": "%s", "sshd_pid": %s, "arch": "%s"}' \
+        "$(dev_ns "$i")" "$dir/home" "${pid:-null}" "$ARCH"
     done
     printf '\n  ]\n}\n'
   } > "$tmp"
@@ -414,7 +441,7 @@ cmd_start() {
   require_root
   ensure_packages
   with_lock
-  ensure_binfmt
+  if [[ $ARCH == aarch64 ]]; then ensure_binfmt; fi
   ensure_busybox
   ensure_rootfs
   ensure_client_key

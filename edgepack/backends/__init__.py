@@ -18,6 +18,7 @@ from edgepack.backends.base import (
     TuningRecords,
     backend_for,
     backends,
+    describe_device,
     get_backend,
     register,
     target_dict,
@@ -27,4 +28,4 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["Backend", "Build", "DoctorCheck", "ScheduleReport", "ScheduledFunction", "TuningLayout", "TuningRecords",
-           "backend_for", "backends", "get_backend", "register", "target_dict"]
+           "backend_for", "backends", "describe_device", "get_backend", "register", "target_dict"]

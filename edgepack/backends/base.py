@@ -250,6 +250,15 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def describe_device(device: Any) -> str:
+    """``opencl(0)``, ``cpu(0)``, ``webgpu(0)``... for reports: what really ran the kernels."""
+    import tvm
+
+    kind = int(device.dlpack_device_type()) % 128  # an RPC session's devices carry it in the upper bits
+    name = tvm.runtime.Device._DEVICE_TYPE_TO_NAME.get(kind, str(kind))
+    return f"{name}({device.index})"
+
+
 _REGISTRY: dict[str, Backend] = {}
 
 

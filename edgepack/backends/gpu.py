@@ -24,7 +24,7 @@ from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
 from edgepack.profiles import Profile
 from edgepack.progress import Progress
-from edgepack.toolchain.compilers import Compilers, HOST_TRIPLE
+from edgepack.toolchain.compilers import HOST_TRIPLE, Compilers
 from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target_plugin
 
 HOST_TARGET = {"kind": "llvm"}

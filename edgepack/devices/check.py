@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from edgepack.backends import backend_for, describe_device
 from edgepack.devices.deploy import (
     RemoteInstall,
     deploy,
@@ -170,7 +171,8 @@ def check_device(device: Device, profile: Any = None, *, known_hosts: Path | Non
 
 
 def _round_trip(conn: DeviceConnection) -> str:
-    """Send a tensor to the device, compute on it there, bring it back."""
+    """Send a tensor to the device, compute on it there, bring it back; then make sure the device the
+    profile's backend runs on (e.g. its OpenCL GPU through the plug-in) exists in the RPC session."""
     import tvm
 
     with deadline(120.0):
@@ -181,10 +183,22 @@ def _round_trip(conn: DeviceConnection) -> str:
         remote_tensor = tvm.runtime.tensor(data, dev)
         back = remote_tensor.numpy()
         del remote_tensor, dev
+        backend = backend_for(conn.profile)
+        kernels_on = backend.remote_device(conn.remote)
+        where = describe_device(kernels_on)
+        if not kernels_on.exist:
+            raise RPCServerError(
+                f"The RPC server on {conn.device.name} has no {where}: {backend.label} kernels of profile "
+                f"{conn.profile.name} cannot run there (the runtime plug-in did not load, or the device has no "
+                "driver for it).",
+                "Check the driver on the device (e.g. `clinfo -l` for OpenCL, `vulkaninfo --summary` for Vulkan) and "
+                "the RPC server's log (~/.edgepack/run/rpc.log on the device).",
+            )
+        del kernels_on
     if not np.array_equal(back, data):
         raise RPCServerError(f"A tensor sent to {conn.device.name} came back different.",
                              "The RPC server or the link corrupts data; reinstall with `edgepack device check`.")
-    return "16 KiB tensor sent and read back"
+    return f"16 KiB tensor sent and read back; kernels run on {where}"
 
 
 def _finish(device: Device, profile: Any, items: dict[str, CheckItem], found: dict[str, str | None],

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepack.backends import backend_for
+from edgepack.backends import backend_for, describe_device
 from edgepack.errors import EdgepackError
 from edgepack.frontends.reference import quiet_native_stderr
 from edgepack.manifest import BuildManifest
@@ -23,15 +23,6 @@ def flatten_outputs(result) -> list[np.ndarray]:
     for item in result:
         flat.extend(flatten_outputs(item))
     return flat
-
-
-def describe_device(device: Any) -> str:
-    """``opencl(0)``, ``cpu(0)``, ``webgpu(0)``... for reports: what really ran the kernels."""
-    import tvm
-
-    kind = int(device.dlpack_device_type()) % 128  # an RPC session's devices carry it in the upper bits
-    name = tvm.runtime.Device._DEVICE_TYPE_TO_NAME.get(kind, str(kind))
-    return f"{name}({device.index})"
 
 
 def run_host_library(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray],

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgepack.backends import Backend, backend_for, backends
+from edgepack.backends import Backend, backend_for, backends, describe_device
 from edgepack.devices.inventory import Device, Inventory, load_inventory
 from edgepack.devices.session import DEFAULT_RECONNECT_WINDOW, DEFAULT_SESSION_TIMEOUT
 from edgepack.errors import EdgepackError
@@ -29,7 +29,7 @@ from edgepack.frontends.reference import quiet_native_stderr
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.progress import Progress
 from edgepack.run.emulator import run_on_emulator
-from edgepack.run.host import describe_device, run_host_library
+from edgepack.run.host import run_host_library
 from edgepack.run.remote import bench_on_device, bench_on_farm, run_on_device, run_on_farm
 from edgepack.run.results import BenchResult
 from edgepack.tensors import contiguous, random_inputs

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgepack.backends import backend_for
+from edgepack.backends import backend_for, describe_device
 from edgepack.devices.deploy import say
 from edgepack.devices.errors import BuildMismatchError, DeviceUnreachableError
 from edgepack.devices.farm import FarmError, on_tracker_device, read_state
@@ -28,7 +28,7 @@ from edgepack.files import file_sha256
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.profiles import Profile
 from edgepack.progress import Progress
-from edgepack.run.host import describe_device, flatten_outputs
+from edgepack.run.host import flatten_outputs
 from edgepack.run.results import BenchResult
 from edgepack.tensors import contiguous, random_inputs
 from edgepack.text import short

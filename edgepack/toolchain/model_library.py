@@ -160,7 +160,7 @@ def system_lib_prefix(executable) -> str | None:
         m = stack.pop()
         try:
             is_system = m.get_function("__tvm_is_system_module", query_imports=False)
-        except AttributeError:  # not a host-code module
+        except Exception:  # noqa: BLE001  not a host-code module (kernel modules may raise anything)
             is_system = None
         if is_system is not None and is_system():
             return str(m.get_function("__tvm_get_system_lib_prefix")())
