@@ -70,14 +70,19 @@ def _imports(path: Path) -> list[tuple[str, int, bool]]:
     return found
 
 
-def _imports_tvm_at_load(module: str) -> bool:
+def _imports_tvm_at_load(module: str, seen: set[str] | None = None) -> bool:
+    """Whether importing ``module`` imports TVM: it does at its top level, or a module it imports there does."""
+    seen = set() if seen is None else seen
+    if module in seen:
+        return False
+    seen.add(module)
     tree = ast.parse(MODULES[module].read_text())
     for node in tree.body:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module or ""] if isinstance(node, ast.ImportFrom) else []
         if any(n == "tvm" or n.startswith("tvm.") for n in names):
             return True
-    return False
+    return any(_imports_tvm_at_load(t, seen) for t, _, top in _imports(MODULES[module]) if top and t in MODULES)
 
 
 def test_every_module_belongs_to_a_layer():
