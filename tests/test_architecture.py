@@ -58,14 +58,20 @@ def _resolve(module: str, name: str | None) -> str:
 
 
 def _imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported edgepack module, line, at module level) for every import in the file."""
+    """(imported edgepack module, line, at module level) for every import in the file (relative ones too)."""
     tree = ast.parse(path.read_text())
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     top_level = {id(node) for node in tree.body}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno, id(node) in top_level) for a in node.names if a.name.startswith("edgepack")]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edgepack") and not node.level:
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            source = f"{base}.{node.module}" if node.module else base
+            found += [(_resolve(source, a.name), node.lineno, id(node) in top_level) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edgepack"):
             found += [(_resolve(node.module, a.name), node.lineno, id(node) in top_level) for a in node.names]
     return found
 

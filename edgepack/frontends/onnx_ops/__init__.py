@@ -25,7 +25,7 @@ Importing this package imports every family module, which registers its converte
 from __future__ import annotations
 
 # importing a family module registers its converters (``@register``)
-from . import (  # noqa: F401
+from edgepack.frontends.onnx_ops import (  # noqa: F401
     activations,
     attention,
     casts,
@@ -44,9 +44,9 @@ from . import (  # noqa: F401
     resize,
     spectral,
 )
-from .importer import from_onnx
-from .registry import EDGEPACK_CONVERTERS, convert_map, register, supported_operators
-from .subbyte import SUBBYTE_CONTAINERS, container_dtype, from_container, to_container
+from edgepack.frontends.onnx_ops.importer import from_onnx
+from edgepack.frontends.onnx_ops.registry import EDGEPACK_CONVERTERS, convert_map, register, supported_operators
+from edgepack.frontends.onnx_ops.subbyte import SUBBYTE_CONTAINERS, container_dtype, from_container, to_container
 
 __all__ = [
     "EDGEPACK_CONVERTERS",

@@ -11,9 +11,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .common import _const, _dtype
-from .registry import register
-from .subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINERS, _mark, _true_dtype
+from edgepack.frontends.onnx_ops.common import _const, _dtype
+from edgepack.frontends.onnx_ops.registry import register
+from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINERS, _mark, _true_dtype
 
 _FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 _FP_SIGN_BIT = {"float4_e2m1fn": 0x8}  # float8 formats: 0x80

@@ -9,8 +9,16 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .common import _const, _const_value, _dtype, _rank, _reference_constant, _require_consts, _shape
-from .registry import register
+from edgepack.frontends.onnx_ops.common import (
+    _const,
+    _const_value,
+    _dtype,
+    _rank,
+    _reference_constant,
+    _require_consts,
+    _shape,
+)
+from edgepack.frontends.onnx_ops.registry import register
 
 
 class _ConstantOp(OnnxOpConverter):

@@ -16,9 +16,9 @@ from typing import Any
 
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 
-from .common import _constant_of
-from .registry import _SUBGRAPH_OPS, convert_map
-from .subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
+from edgepack.frontends.onnx_ops.common import _constant_of
+from edgepack.frontends.onnx_ops.registry import _SUBGRAPH_OPS, convert_map
+from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
 
 
 class _Importer(_tvm.ONNXGraphImporter):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .common import _attr_str, _const, _dtype
-from .registry import register
+from edgepack.frontends.onnx_ops.common import _attr_str, _const, _dtype
+from edgepack.frontends.onnx_ops.registry import register
 
 
 def _nll(bb, logp, target, weight, attr):

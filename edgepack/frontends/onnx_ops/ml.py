@@ -6,8 +6,8 @@ import numpy as _np
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .common import _const, _dtype, _rank, _shape
-from .registry import register
+from edgepack.frontends.onnx_ops.common import _const, _dtype, _rank, _shape
+from edgepack.frontends.onnx_ops.registry import register
 
 
 @register("Binarizer")

@@ -10,10 +10,10 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .casts import _SMALL_FLOATS, _float8_decode, _float8_encode
-from .common import _dtype, _opt, _rank, _shape
-from .registry import register
-from .subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINERS, _mark, _true_dtype
+from edgepack.frontends.onnx_ops.casts import _SMALL_FLOATS, _float8_decode, _float8_encode
+from edgepack.frontends.onnx_ops.common import _dtype, _opt, _rank, _shape
+from edgepack.frontends.onnx_ops.registry import register
+from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINERS, _mark, _true_dtype
 
 # --- integer (quantized) matmul / conv: int32 accumulation like the reference -------------------
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .activations import _softplus
-from .common import _attr_str, _const, _dtype, _opt, _rank, _shape
-from .registry import register
+from edgepack.frontends.onnx_ops.activations import _softplus
+from edgepack.frontends.onnx_ops.common import _attr_str, _const, _dtype, _opt, _rank, _shape
+from edgepack.frontends.onnx_ops.registry import register
 
 
 def _rnn_activation(name: str, alpha, beta, dt: str):

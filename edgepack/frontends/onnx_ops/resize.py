@@ -10,8 +10,8 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from .common import _attr_str, _const, _const_value, _dtype, _shape
-from .registry import register
+from edgepack.frontends.onnx_ops.common import _attr_str, _const, _const_value, _dtype, _shape
+from edgepack.frontends.onnx_ops.registry import register
 
 
 def _resize_axis_matrix(n_in: int, n_out: int, scale: float, roi, attr: dict, mode: str):

@@ -11,7 +11,7 @@ import contextvars
 
 import numpy as _np
 
-from .common import _dtype
+from edgepack.frontends.onnx_ops.common import _dtype
 
 # Sub-byte ONNX types (INT4, UINT4, INT2, UINT2, FLOAT4E2M1): TVM tensors must be whole bytes, so
 # edgepack carries such values in 8-bit containers, one value per byte, as numpy/ml_dtypes hold them
