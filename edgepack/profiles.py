@@ -91,6 +91,39 @@ class Profile:
         }
 
 
+#: LLVM options that every 32-bit ARM LLVM target needs with the LLVM inside apache-tvm 0.27 (LLVM 22):
+#: its ARM load/store optimizer can move a base register that later stores still use when it merges
+#: them into STM (the defect of LLVM issue #223630), which made rpi3 builds compute wrong outputs.
+ARM32_LLVM_OPTIONS = ("-arm-load-store-opt=false",)
+
+
+def with_llvm_workarounds(target: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``target`` as the pinned LLVM must see it, as a new dict (docs/armv7.md). 32-bit ARM only:
+
+    * ``arch-linux-env`` triples get their vendor field (``arch-unknown-linux-env``): LLVM does not
+      normalise triples, reads ``linux`` as the vendor and ``gnueabihf`` as the OS, and without the
+      EABI environment calls libgcc's soft-float helpers with the hard-float convention;
+    * ``ARM32_LLVM_OPTIONS`` are added unless the target names those options itself.
+
+    The shipped rpi3 profile is written that way already; this covers users' profiles and the
+    profiles recorded in the manifests of older builds."""
+    if target is None or not target.get("mtriple"):  # only LLVM targets name a triple
+        return target
+    parts = str(target["mtriple"]).split("-")
+    if not parts[0].lower().startswith(("arm", "thumb")) or parts[0].lower().startswith("arm64"):
+        return target
+    fixed = dict(target)
+    if len(parts) == 3 and parts[1] == "linux":
+        fixed["mtriple"] = "-".join([parts[0], "unknown", *parts[1:]])
+    options = list(fixed.get("cl-opt", []))
+    for option in ARM32_LLVM_OPTIONS:
+        name = option.split("=")[0]
+        if not any(str(o).split("=")[0].split(":")[0] == name for o in options):
+            options.append(option)
+    fixed["cl-opt"] = options
+    return fixed
+
+
 def shipped_profiles_dir() -> Path:
     here = Path(__file__).resolve().parent
     for candidate in (here / "device_profiles", here.parent / "device_profiles"):
@@ -125,8 +158,8 @@ def parse_profile(data: dict[str, Any], source: Path | None = None) -> Profile:
             backend=data.get("backend", "cpu"),
             triple=data["triple"],
             rpc_key=data.get("rpc_key", data["name"]),
-            target=dict(data["target"]),
-            host_target=dict(data["host_target"]) if "host_target" in data else None,
+            target=with_llvm_workarounds(dict(data["target"])),
+            host_target=with_llvm_workarounds(dict(data["host_target"])) if "host_target" in data else None,
             toolchain=toolchain,
             emulator=emulator,
             source=source,

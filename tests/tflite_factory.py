@@ -4,6 +4,10 @@
 (QUANTIZE at the input, per-channel int8 CONV_2D / DEPTHWISE_CONV_2D weights with int32 biases,
 an int8 ADD of two branches with different scales, RESHAPE, FULLY_CONNECTED, DEQUANTIZE at the
 output). LiteRT runs it as the reference.
+
+``fp16_pointwise_conv`` and ``bilinear_upsample`` are layers of MediaPipe's models (CONV_2D with
+float16 weights behind DEQUANTIZE; RESIZE_BILINEAR with half-pixel centres) that armv7 builds got
+wrong (docs/armv7.md).
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-FLOAT32, INT32, INT8 = 0, 2, 9
-ADD, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE, FULLY_CONNECTED, RESHAPE, QUANTIZE = 0, 3, 4, 6, 9, 22, 114
+FLOAT32, FLOAT16, INT32, INT8 = 0, 1, 2, 9
+ADD, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE, FULLY_CONNECTED, RESHAPE, RESIZE_BILINEAR, QUANTIZE = \
+    0, 3, 4, 6, 9, 22, 23, 114
 
 
 @dataclass
@@ -269,4 +274,45 @@ def int8_convnet(path: Path, seed: int = 0, hw: int = 8, channels: int = 8, clas
     w.op(FULLY_CONNECTED, [flat_t, fc_w, fc_b], [fc], _simple_options("FullyConnectedOptions"))
     out = w.tensor("logits", [1, classes], FLOAT32)
     w.op(DEQUANTIZE, [fc], [out], _simple_options("DequantizeOptions"))
+    return w.write(path, [x], [out])
+
+
+def fp16_pointwise_conv(path: Path, seed: int = 0, hw: int = 4, cin: int = 96, cout: int = 24) -> Path:
+    """input f32 [1,hw,hw,cin] -> CONV_2D 1x1 (weights [cout,1,1,cin] and bias [cout] float16 behind
+    DEQUANTIZE, as the TFLite converter writes float16-quantized models) -> output f32 [1,hw,hw,cout].
+
+    TVM imports DEQUANTIZE of a float16 constant as a cast that runs in the model, so the weight
+    transpose to HWIO runs on the device too (the defaults are the layer of MediaPipe's hand_landmark
+    that LLVM 22 miscompiled for armv7: see docs/armv7.md)."""
+    rng = np.random.default_rng(seed)
+    w = TFLiteWriter()
+    x = w.tensor("input", [1, hw, hw, cin], FLOAT32)
+    w16 = w.tensor("conv_w_f16", [cout, 1, 1, cin], FLOAT16, rng.normal(0, 0.3, (cout, 1, 1, cin)).astype(np.float16))
+    b16 = w.tensor("conv_b_f16", [cout], FLOAT16, rng.normal(0, 0.1, cout).astype(np.float16))
+    wf = w.tensor("conv_w", [cout, 1, 1, cin], FLOAT32)
+    bf = w.tensor("conv_b", [cout], FLOAT32)
+    w.op(DEQUANTIZE, [w16], [wf], _simple_options("DequantizeOptions"))
+    w.op(DEQUANTIZE, [b16], [bf], _simple_options("DequantizeOptions"))
+    out = w.tensor("output", [1, hw, hw, cout], FLOAT32)
+    w.op(CONV_2D, [x, wf, bf], [out], _conv_options(False, relu=False))
+    return w.write(path, [x], [out])
+
+
+def bilinear_upsample(path: Path, seed: int = 0, hw: int = 6, channels: int = 8, scale: int = 2) -> Path:
+    """input f32 [1,hw,hw,channels] -> RESIZE_BILINEAR (half-pixel centres, as in MediaPipe's palm and pose
+    detectors) -> output f32 [1,hw*scale,hw*scale,channels]. TVM's kernel converts between float32 and
+    int64, which 32-bit ARM does with libgcc helpers (see docs/armv7.md)."""
+    import tflite
+
+    def options(b):
+        tflite.ResizeBilinearOptionsStart(b)
+        tflite.ResizeBilinearOptionsAddAlignCorners(b, False)
+        tflite.ResizeBilinearOptionsAddHalfPixelCenters(b, True)
+        return tflite.ResizeBilinearOptionsEnd(b)
+
+    w = TFLiteWriter()
+    x = w.tensor("input", [1, hw, hw, channels], FLOAT32)
+    size = w.tensor("size", [2], INT32, np.array([hw * scale, hw * scale], dtype=np.int32))
+    out = w.tensor("output", [1, hw * scale, hw * scale, channels], FLOAT32)
+    w.op(RESIZE_BILINEAR, [x, size], [out], (tflite.BuiltinOptions.ResizeBilinearOptions, options))
     return w.write(path, [x], [out])

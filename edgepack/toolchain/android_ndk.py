@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.errors import ToolchainError
-from edgepack.profiles import Profile
+from edgepack.profiles import Profile, with_llvm_workarounds
 from edgepack.toolchain.compilers import find_compilers
 
 MIN_SDK = 24
@@ -35,8 +35,10 @@ ABIS: dict[str, AbiSpec] = {
     "arm64-v8a": AbiSpec("arm64-v8a", EM_AARCH64, 2, "aarch64-linux-android", "aarch64-linux-android",
                          {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": ["+neon"]}),
     # armeabi-v7a: soft-float calling convention (softfp) with NEON, as the NDK builds it
+    # (with the pinned LLVM's 32-bit ARM workarounds: profiles.with_llvm_workarounds, docs/armv7.md)
     "armeabi-v7a": AbiSpec("armeabi-v7a", EM_ARM, 1, "armv7a-linux-androideabi", "arm-linux-androideabi",
-                           {"kind": "llvm", "mtriple": "armv7a-linux-androideabi", "mattr": ["+neon"]},
+                           with_llvm_workarounds({"kind": "llvm", "mtriple": "armv7a-linux-androideabi",
+                                                  "mattr": ["+neon"]}),
                            ("-march=armv7-a", "-mfloat-abi=softfp", "-mfpu=neon")),
     # x86_64: the Android emulator; the ABI guarantees SSE4.2 and POPCNT
     "x86_64": AbiSpec("x86_64", EM_X86_64, 2, "x86_64-linux-android", "x86_64-linux-android",
