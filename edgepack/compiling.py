@@ -35,6 +35,7 @@ from edgepack.toolchain.model_library import export_model_shared, model_meta_tex
 from edgepack.tuning.records import apply_tuning, write_best_records
 from edgepack.versions import __version__, installed_tvm
 
+
 @dataclass(frozen=True)
 class CompileResult:
     """A build directory and its manifest."""

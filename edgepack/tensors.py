@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-
-from pathlib import Path
 
 from edgepack.errors import EdgepackError, ShapeError
 

@@ -39,7 +39,13 @@ from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.files import atomic_directory, check_output_dir
 from edgepack.frontends import import_model
 from edgepack.manifest import read_manifest
-from edgepack.packaging.android.aar import JNI_LIBRARY, AbiLibraries, PackageFile, build_jni_library, write_android_package
+from edgepack.packaging.android.aar import (
+    JNI_LIBRARY,
+    AbiLibraries,
+    PackageFile,
+    build_jni_library,
+    write_android_package,
+)
 from edgepack.packaging.android.elf import ANDROID_SYSTEM_LIBS, check_elf_for_abi, read_elf
 from edgepack.packaging.android.java import (
     check_class_name,

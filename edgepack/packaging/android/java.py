@@ -11,8 +11,8 @@ from pathlib import Path
 
 from edgepack.errors import EdgepackError
 from edgepack.manifest import BuildManifest
-from edgepack.versions import __version__
 from edgepack.toolchain.sources import ANDROID_API, source_dir
+from edgepack.versions import __version__
 
 CORE_PACKAGE = "ai.edgepack"
 
