@@ -321,6 +321,8 @@ class GpuBackend(Backend):
     module_kind: ClassVar[str]
     #: The kernel language, for messages ("OpenCL", "WGSL").
     language: ClassVar[str]
+    #: What its kernels are called, for messages ("kernels"; WGSL's are "shaders").
+    kernel_noun: ClassVar[str] = "kernels"
     #: Where a build keeps its kernels (device/kernels.cl ...) and their index.
     kernels_source: ClassVar[str]
     kernels_index: ClassVar[str] = "device/kernels.json"
@@ -440,8 +442,9 @@ class GpuBackend(Backend):
         schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
         fallback = extra.get("cpu_fallback") or []
         return [
-            f"GPU: {extra.get('num_kernels', 0)} {self.language} kernels from {extra.get('num_functions', 0)} fused "
-            f"functions ({extra.get('pipeline')} pipeline; {extra.get('memory', 'buffers')}"
+            f"GPU: {extra.get('num_kernels', 0)} {self.language} {self.kernel_noun} from "
+            f"{extra.get('num_functions', 0)} fused functions ({extra.get('pipeline')} pipeline; "
+            f"{extra.get('memory', 'buffers')}"
             + (f"; {extra['runtime']}" if extra.get("runtime") else "") + ")",
             f"schedules: {schedules or 'none'}",
             "CPU fallback: none (every fused function runs on the GPU)" if not fallback

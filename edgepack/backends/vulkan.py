@@ -78,6 +78,7 @@ class VulkanBackend(GpuBackend):
     static_bundle = False  # wgpu-native is a shared library only
     module_kind = "webgpu"
     language = "WGSL"
+    kernel_noun = "shaders"
     kernels_source = "device/kernels.wgsl"
     recipe = PluginRecipe("vulkan", "Vulkan", "libtvm_vulkan.so", "libtvm_vulkan.a", "0.1.0")
     loader_function = "ffi.Module.load_from_bytes.webgpu"

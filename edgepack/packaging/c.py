@@ -9,7 +9,7 @@
       bin/edgepack_run        that runner built against the shared libraries (RUNPATH $ORIGIN/../lib)
       bin/edgepack_run_static the runner with model and runtime linked in: one self-contained file
                               (when the backend links statically: CPU and OpenCL); GPU bundles add the
-                              backend's runtime plug-in (lib/libtvm_opencl.{so,a}, or lib/libtvm_vulkan.so
+                              backend's runtime plug-in (lib/libtvm_opencl.{so,a}, or lib/libtvm_vulkan.{so,a}
                               + lib/libwgpu_native.so), linked into the static runner where there is one
       CMakeLists.txt, Makefile
       manifest.json           every file with its size and sha256, the model's inputs and outputs
@@ -130,7 +130,8 @@ def package_c(
         say("Writing the bundle")
         write_c_bundle(staging, runtime, model_shared=build_dir / manifest.artifacts["device_library"].path,
                        model_static=static_lib, meta_text=meta)
-        extra = backend.runtime_files(profile.triple, compilers, static=backend.static_bundle, log=say)
+        # the plug-in's static archive too, also where there is no static runner (the user's program may link it)
+        extra = backend.runtime_files(profile.triple, compilers, log=say)
         if extra:
             say(f"Adding the {backend.label} runtime")
         for rel, source in extra.items():
