@@ -94,7 +94,8 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
     Exporters often compute reshape targets at run time (Shape -> Slice -> Concat -> Reshape);
     TVM's importer needs them constant. ONNX Runtime's *basic* level only folds constants and
     fuses standard operators (no contrib ops), so the result is still a plain ONNX graph.
-    If ONNX Runtime cannot load the model, the static-shape model is returned unchanged.
+    If ONNX Runtime cannot load the static-shape model, the model with its own (dynamic) input shapes is
+    folded instead; if it cannot load that either, the static-shape model is returned unchanged.
     """
     import onnx
 
@@ -104,6 +105,8 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
     del model.graph.input[:]
     model.graph.input.extend(real_inputs)
     model.ir_version = max(model.ir_version, 4)
+    dynamic = onnx.ModelProto()
+    dynamic.CopyFrom(model)
     shapes = {t.name: t.shape for t in inputs}
     for value in model.graph.input:
         if value.name in shapes:
@@ -111,17 +114,22 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
             for dim, size in zip(dims, shapes[value.name]):
                 dim.Clear()
                 dim.dim_value = int(size)
-    try:
-        import onnxruntime as ort
+    # With the static shapes first; if ONNX Runtime rejects that (shape inference of an If branch that
+    # cannot run for these shapes, e.g. Silero VAD), with the model's own input shapes: that still
+    # folds the constant-only chains (pads, axes) that TVM's importer needs constant.
+    for candidate in (model, dynamic):
+        try:
+            import onnxruntime as ort
 
-        with tempfile.TemporaryDirectory(prefix="edgepack-onnx-") as tmp:
-            source, folded = Path(tmp) / "static.onnx", Path(tmp) / "folded.onnx"
-            onnx.save(model, str(source))
-            options = ort.SessionOptions()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            options.optimized_model_filepath = str(folded)
-            options.log_severity_level = 3
-            ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-            return onnx.load(str(folded))
-    except Exception:  # noqa: BLE001 - folding is an optimisation; TVM may still import the original
-        return model
+            with tempfile.TemporaryDirectory(prefix="edgepack-onnx-") as tmp:
+                source, folded = Path(tmp) / "static.onnx", Path(tmp) / "folded.onnx"
+                onnx.save(candidate, str(source))
+                options = ort.SessionOptions()
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                options.optimized_model_filepath = str(folded)
+                options.log_severity_level = 3
+                ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+                return onnx.load(str(folded))
+        except Exception:  # noqa: BLE001, S112 - folding is an optimisation; TVM may still import the original
+            continue
+    return model

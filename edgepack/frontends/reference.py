@@ -34,7 +34,16 @@ def _run_onnxruntime(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[
     options.log_severity_level = 3
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    results = session.run(None, inputs)
+    try:
+        results = session.run(None, inputs)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types
+        text = str(exc).strip().splitlines()
+        raise EdgepackError(
+            f"ONNX Runtime, the reference, rejects these inputs: {text[0][:400] if text else type(exc).__name__}",
+            "The model does not accept them: random inputs give integer inputs small values (0..10), which "
+            "may select a branch the model cannot run for these shapes (e.g. Silero VAD's sample rate sr). "
+            "Pass real inputs with --inputs inputs.npz.",
+        ) from exc
     by_name = dict(zip(names, results))
     return [np.asarray(by_name[o.name]) if o.name in by_name else np.asarray(results[i])
             for i, o in enumerate(outputs)]

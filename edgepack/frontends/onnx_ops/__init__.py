@@ -13,7 +13,8 @@ Each converter here fixes a case TVM gets wrong or lacks; most delegate to TVM's
 configurations TVM handles (so common models keep TVM's kernels) and take over the rest. The ONNX
 backend node suite (``scripts/onnx_conformance.py``, last run in ``docs/conformance.md``) measures them.
 
-Layout: ``importer`` (the importer subclass and :func:`from_onnx`), ``registry`` (the ``register``
+Layout: ``importer`` (the importer subclass and :func:`from_onnx`), ``static_if`` (``If`` nodes decided
+by the static shapes import only the branch taken), ``registry`` (the ``register``
 decorator and the merged converter map), ``subbyte`` (the 8-bit containers of sub-byte types),
 ``common`` (helpers shared by the converters), and one module per operator family: ``activations``,
 ``normalization``, ``convolution``, ``pooling``, ``resize``, ``elementwise``, ``reductions``,

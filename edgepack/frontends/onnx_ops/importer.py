@@ -7,7 +7,9 @@ the frontend's own ``ONNXGraphImporter`` through a subclass whose two lookups us
 over it). Everything else (graph walking, attributes, If subgraphs, constants) is TVM's code, unchanged.
 The subclass also handles the operators whose bodies are subgraphs (Loop and Scan, unrolled over
 static trip counts, and FlexAttention's score/prob modifiers), and keeps sub-byte types (INT4,
-FLOAT4E2M1...) in 8-bit containers because TVM tensors must be whole bytes.
+FLOAT4E2M1...) in 8-bit containers because TVM tensors must be whole bytes. ``from_onnx`` runs it with
+``static_if.StaticIfs`` in front: ``If`` nodes that the static input shapes decide import only the
+branch taken, and ``main`` records the ONNX node name of each variable.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 
 from edgepack.frontends.onnx_ops.common import _constant_of
 from edgepack.frontends.onnx_ops.registry import _SUBGRAPH_OPS, convert_map
+from edgepack.frontends.onnx_ops.static_if import StaticIfs
 from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
 
 
@@ -219,6 +222,10 @@ class _Importer(_tvm.ONNXGraphImporter):
         return sym
 
 
+class _ModelImporter(StaticIfs, _Importer):
+    """edgepack's importer with ``If`` nodes decided by the static shapes (``static_if``) seen first."""
+
+
 def from_onnx(model, shape_dict: dict[str, list] | None = None, dtype_dict: dict[str, str] | str | None = "float32",
               opset: int | None = None):
     """``tvm.relax.frontend.onnx.from_onnx`` with edgepack's converters (same arguments)."""
@@ -230,6 +237,6 @@ def from_onnx(model, shape_dict: dict[str, list] | None = None, dtype_dict: dict
         dtype_dict = {k: container_dtype(v) for k, v in dtype_dict.items()}
     token = _SUBBYTE_TYPES.set({})
     try:
-        return _Importer(shape_dict, dtype_dict).from_onnx(model.graph, opset)
+        return _ModelImporter(shape_dict, dtype_dict).from_onnx(model.graph, opset)
     finally:
         _SUBBYTE_TYPES.reset(token)
