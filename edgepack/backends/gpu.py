@@ -347,18 +347,25 @@ class GpuBackend(Backend):
         """Extra arguments of ``toolchain.plugins.build_plugin`` for this plug-in."""
         return {}
 
-    def translate_compile_error(self, exc: CompileError, imported: ImportedModel) -> CompileError:
+    def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
+        """The error to raise when TVM fails to compile ``imported`` (as ``prepare`` left it) for ``target``."""
         return exc
+
+    def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
+        """The model as this backend's code generator can take it for ``target``, before the pipeline
+        (e.g. Vulkan: int64 tensors narrowed to int32); may refuse it with a CompileError."""
+        return imported
 
     # --- compiling
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
               records: TuningRecords | None = None) -> Build:
         """Compile through TVM's default GPU pipeline (dlight), refusing any function without a GPU schedule."""
+        imported = self.prepare(imported, target)
         try:
             return self._build(imported, target, system_lib=system_lib, records=records)
         except CompileError as exc:
-            raise self.translate_compile_error(exc, imported) from exc.__cause__
+            raise self.translate_compile_error(exc, imported, target) from exc.__cause__
 
     def _build(self, imported: ImportedModel, target: Any, *, system_lib: bool,
                records: TuningRecords | None) -> Build:

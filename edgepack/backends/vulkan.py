@@ -6,10 +6,14 @@ shaders outside a browser, so edgepack carries one: ``runtimes/plugins/vulkan`` 
 tvm-ffi/TVM runtime headers and wgpu-native's C API) builds a plug-in, ``libtvm_vulkan.so``, that
 registers ``device_api.webgpu`` (TVM's device type 15) and ``ffi.Module.load_from_bytes.webgpu``. It
 dlopen()s ``libwgpu_native.so`` (next to itself first) when the device is first used.
+
+WGSL has no 64-bit integers: ``VulkanBackend.prepare`` narrows the model's int64 tensors to int32 where
+that is provably exact, and refuses by ONNX node name what really needs 64 bits (``backends.int64``).
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import re
@@ -20,6 +24,7 @@ from typing import Any
 
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
+from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ImportedModel
@@ -70,6 +75,13 @@ def driver_status() -> tuple[bool, str, str]:
 
 
 
+def _with_module(imported: ImportedModel, mod: Any) -> ImportedModel:
+    """``imported`` (an ImportedModel, or a stand-in with .mod and .info) with another Relax module."""
+    clone = copy.copy(imported)
+    object.__setattr__(clone, "mod", mod)  # ImportedModel is a frozen dataclass
+    return clone
+
+
 class VulkanBackend(GpuBackend):
     name = "vulkan"
     label = "Vulkan (WGSL on wgpu-native)"
@@ -103,12 +115,23 @@ class VulkanBackend(GpuBackend):
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
 
-    def translate_compile_error(self, exc: CompileError, imported: ImportedModel) -> CompileError:
-        cause = str(exc.__cause__ or "")
-        if "do not support i64" in cause or "do not support i64" in exc.message:
+    def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
+        """WGSL has no int64: narrow what provably fits to int32, refuse the rest by name (``backends.int64``)."""
+        if not target_lacks_int64(target):
+            return imported
+        return _with_module(imported, narrow_int64(imported.mod, model=imported.info.path.name))
+
+    def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
+        text = f"{exc.__cause__ or ''} {exc.message}"
+        if "do not support i64" in text or "do not support u64" in text:
+            try:  # name the kernels that still hold 64-bit buffers (e.g. an operator without a 32-bit rule)
+                where = int64_kernels(imported.mod, target)
+            except Exception:  # noqa: BLE001  the message stands without them
+                where = []
             return CompileError(
                 f"{imported.info.path.name} uses 64-bit integers on the GPU, which WGSL (and so TVM's webgpu "
-                "code generator) does not have: TVM stops with 'CodeGenWebGPU: do not support i64'.",
+                "code generator) does not have: TVM stops with 'CodeGenWebGPU: do not support i64'"
+                + (f" in {'; '.join(where[:6])}" if where else "") + ".",
                 "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), or export the model "
                 "with int32 indices (e.g. Gather/ScatterElements/ArgMax on int32).",
             )

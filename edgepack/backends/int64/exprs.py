@@ -1,0 +1,167 @@
+"""Small helpers on Relax expressions for the int64 pass: dtypes and static shapes, constants as numpy,
+operator names and attributes, and walking a function's bindings (If arms included) and what is live."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+#: Function attribute the ONNX importer may set: {Relax variable name: ONNX node name}
+#: (``frontends/onnx_ops/static_if.py`` sets it under the same name).
+NAMES_ATTR = "edgepack.onnx_names"
+
+
+
+def tensor_type(expr):
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    return ty if isinstance(ty, relax.TensorType) else None
+
+
+def dtype_of(expr) -> str | None:
+    ty = tensor_type(expr)
+    return str(ty.dtype) if ty is not None else None
+
+
+def is_i64(expr) -> bool:
+    return dtype_of(expr) == "int64"
+
+
+def static_shape(expr) -> tuple[int, ...] | None:
+    from tvm import tirx
+
+    ty = tensor_type(expr)
+    if ty is None or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
+        return None
+    return tuple(int(v.value) for v in values)
+
+
+def const_value(expr):
+    """numpy value of a constant tensor, static shape (int64 vector) or integer PrimValue, else None."""
+    import tvm
+    from tvm import relax, tirx
+
+    if isinstance(expr, tvm.ir.GenericConst):
+        return expr.value.numpy()
+    if isinstance(expr, relax.ShapeExpr):
+        if all(isinstance(v, tirx.IntImm) for v in expr.values):
+            return np.array([int(v.value) for v in expr.values], dtype=np.int64)
+        return None
+    if isinstance(expr, tirx.IntImm):
+        return np.array(int(expr.value), dtype=np.int64)
+    return None
+
+
+def const(array, dtype: str | None = None):
+    from tvm import relax
+
+    array = np.asarray(array)
+    dtype = dtype or str(array.dtype)
+    return relax.const(array.astype(dtype), dtype)
+
+
+def op_name(call) -> str:
+    op = getattr(call, "op", None)
+    return str(getattr(op, "name", "")) if op is not None else ""
+
+
+def attr(call, name: str, default=None):
+    attrs = getattr(call, "attrs", None)
+    if attrs is None:
+        return default
+    try:
+        return getattr(attrs, name)
+    except AttributeError:
+        return default
+
+
+def as_int(value) -> int:
+    return int(value.value) if hasattr(value, "value") else int(value)
+
+
+def as_ints(values) -> list[int] | None:
+    if values is None:
+        return None
+    return [int(v.value) if hasattr(v, "value") else int(v) for v in values]
+
+
+def names_of(func) -> dict[str, str]:
+    attrs = func.attrs
+    if attrs is None or NAMES_ATTR not in attrs:
+        return {}
+    return {str(k): str(v) for k, v in attrs[NAMES_ATTR].items()}
+
+
+def iter_bindings(seq) -> Iterable:
+    """Every binding of a SeqExpr, with those inside If arms, in program order."""
+    from tvm import relax
+
+    for block in seq.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.If):  # the arms first: the If reads their results
+                yield from iter_bindings(value.true_branch)
+                yield from iter_bindings(value.false_branch)
+            yield binding
+
+
+def free_vars(expr, out: set) -> None:
+    """Relax variables an expression reads (not descending into If arms: they are SeqExprs)."""
+    from tvm import relax
+
+    if isinstance(expr, relax.Var):
+        out.add(expr)
+    elif isinstance(expr, relax.Call):
+        for a in expr.args:
+            free_vars(a, out)
+    elif isinstance(expr, relax.Tuple):
+        for f in expr.fields:
+            free_vars(f, out)
+    elif isinstance(expr, relax.TupleGetItem):
+        free_vars(expr.tuple_value, out)
+    elif isinstance(expr, relax.If):
+        free_vars(expr.cond, out)
+        for arm in (expr.true_branch, expr.false_branch):
+            free_vars(arm, out)
+    elif isinstance(expr, relax.SeqExpr):
+        for b in iter_bindings(expr):
+            free_vars(b.value, out)
+        free_vars(expr.body, out)
+
+
+def live_vars(func) -> set:
+    """Variables whose value reaches the function's result (everything, for an impure function)."""
+    from tvm import relax
+
+    bindings = list(iter_bindings(func.body))
+    if not func.is_pure:
+        return {b.var for b in bindings}
+    live: set = set()
+    free_vars(func.body.body, live)
+    # arms' results are read by their If
+    changed = True
+    while changed:
+        changed = False
+        for b in reversed(bindings):
+            if b.var not in live:
+                continue
+            reads: set = set()
+            value = b.value
+            if isinstance(value, relax.If):
+                free_vars(value.cond, reads)
+                for arm in (value.true_branch, value.false_branch):
+                    free_vars(arm.body, reads)
+            else:
+                free_vars(value, reads)
+            if isinstance(b, relax.MatchCast):
+                free_vars(b.value, reads)
+            for v in reads:
+                if v not in live:
+                    live.add(v)
+                    changed = True
+    return live
