@@ -41,9 +41,12 @@ class Control:
     stopped_by_time: bool = False
     interrupted: bool = False  # SIGINT/SIGTERM: finish the batch in flight, then stop
     lost: int = 0  # remote measurements lost to a dropped connection (not recorded)
+    batches: int = 0  # batches this run started
 
     def expired(self) -> bool:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        # a run always starts one batch: a budget spent on setup (imports, search spaces, a slow
+        # machine) would otherwise end the run with nothing measured and nothing left to spend
+        if self.deadline is not None and self.batches > 0 and time.monotonic() >= self.deadline:
             self.stopped_by_time = True
         return self.stopped_by_time
 
@@ -123,6 +126,7 @@ def resumable_strategy_class():
                     limit = min(plan.left, control.left, PROBE_TRIALS if not plan.history else len(fresh))
                     fresh, fresh_hashes = fresh[:limit], fresh_hashes[:limit]
                     control.left -= len(fresh)  # reserved now: the scheduler may start other batches meanwhile
+                    control.batches += 1
                     self._pending = (known, known_results)
                     plan.in_flight = fresh_hashes
                     return fresh
