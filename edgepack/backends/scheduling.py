@@ -8,7 +8,10 @@ Both the CPU and the GPU backends build their reports from it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+
+logger = logging.getLogger("edgepack.schedules")
 
 
 def rule_name(rule) -> str:
@@ -49,7 +52,8 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                 for rule in rules:
                     try:
                         space = rule.apply(func, target, False)
-                    except Exception:  # noqa: BLE001  a rule that cannot handle the function's form
+                    except Exception as exc:  # noqa: BLE001  a rule that cannot handle the function's form
+                        logger.debug("%s failed on %s: %s", rule_name(rule), name, exc)
                         space = None
                     if space is None:
                         continue

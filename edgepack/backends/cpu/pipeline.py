@@ -11,12 +11,16 @@ builds, MetaSchedule's records applied first.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 from edgepack.backends.base import TuningRecords
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.weights import fold_constant_calls
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
+from edgepack.errors import first_line
+
+logger = logging.getLogger("edgepack.schedules")
 
 
 def _cpu_passes():
@@ -43,10 +47,29 @@ def prepare_passes(target, weight_prepack: bool = False, channels_last: bool = F
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if weight_prepack else []
-    layout = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})] if channels_last else []
+    layout = [_channels_last()] if channels_last else []
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
     legalize = [fold_constant_calls() if p.info.name == "FoldConstant" else p for p in cpu.legalize_passes(target)]
     return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
+
+
+def _channels_last():
+    """TVM's ``ConvertLayout`` to NHWC convolutions, or the model as it is where TVM's layout inference
+    fails on one of its operators (e.g. ONNX MaxPool with indices): a layout is a speed choice."""
+    import tvm
+    from tvm import relax
+
+    convert = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgepackChannelsLast")
+    def _pass(mod, _ctx):
+        try:
+            return convert(mod)
+        except Exception as exc:  # noqa: BLE001 - TVM raises its own errors from layout inference
+            logger.info("kept the model's layout: ConvertLayout failed: %s", first_line(exc))
+            return mod
+
+    return _pass
 
 
 def weight_prepack_passes() -> list:
@@ -54,7 +77,38 @@ def weight_prepack_passes() -> list:
     into the constant weights (so it never runs on the device)."""
     from tvm import relax
 
-    return [relax.transform.SplitLayoutRewritePreproc(), fold_constant_calls()]
+    return [_split_layout_rewrites(), fold_constant_calls()]
+
+
+def _split_layout_rewrites():
+    """TVM's ``SplitLayoutRewritePreproc`` on the kernels that rewrite a weight layout. The pass fails
+    on kernels written without blocks (TOPI's sort and top-k), which it has nothing to do with, so
+    those are set aside while it runs."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax, s_tir, tirx
+
+    split = relax.transform.SplitLayoutRewritePreproc()
+
+    def rewrites_a_layout(func) -> bool:
+        found = []
+        tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: found.append(
+            "meta_schedule.layout_rewrite_preproc" in b.annotations))], order="pre")
+        return any(found)
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgepackSplitLayoutRewrites")
+    def _pass(mod, _ctx):
+        aside = {gvar: func for gvar, func in mod.functions_items()
+                 if isinstance(func, tirx.PrimFunc) and not rewrites_a_layout(func)}
+        if len(aside) == len([f for _g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]):
+            return mod
+        kept = tvm.IRModule({g: f for g, f in mod.functions_items() if g not in aside}, attrs=mod.attrs)
+        result = split(kept)
+        for gvar, func in aside.items():
+            result[gvar] = func
+        return result
+
+    return _pass
 
 
 def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None,

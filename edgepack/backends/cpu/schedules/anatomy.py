@@ -24,6 +24,7 @@ class Anatomy:
 
     block: Any  # the reduction block (its producers already inlined into it)
     after: list[Any]  # blocks after it (bias, activation, residual add...)
+    pads: list[Any]  # padding blocks before it (every other producer is inlined into it)
     iter_vars: list[Any]
     spatial: list[int]  # positions of data-parallel iteration variables
     reduce: list[int]  # positions of reduction variables
@@ -54,6 +55,22 @@ class Anatomy:
         spatial, reduce = set(self.spatial), set(self.reduce)
         return any((found := self.vars_in(index)) & spatial and found & reduce
                    for read in self.reads for index in read.indices)
+
+    @property
+    def channel_reduction(self) -> int:
+        """How many terms the reduction sums besides its window: the input channels of a convolution
+        (1 for a depthwise one, whose window is all it reduces)."""
+        windowed: set[int] = set()
+        for read in self.reads:
+            for index in read.indices:
+                found = self.vars_in(index)
+                if found & set(self.spatial):
+                    windowed |= found
+        size = 1
+        for k in self.reduce:
+            if k not in windowed:
+                size *= self.extents[k]
+        return size
 
     @property
     def vector_axis(self) -> int | None:
@@ -112,6 +129,18 @@ def is_spatial(sch, block) -> bool:
     return all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
 
 
+def _is_padding(sch, block) -> bool:
+    """A spatial block that copies its input or a constant at the border (``T.if_then_else``)."""
+    import tvm
+    from tvm import tirx
+
+    stmt = sch.get(block)
+    if not is_spatial(sch, block) or not isinstance(stmt.body, tirx.BufferStore):
+        return False
+    value = stmt.body.value
+    return isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") == "tirx.if_then_else"
+
+
 def static_extent(sch, loop) -> int | None:
     extent = sch.get(loop).extent
     return int(extent.value) if hasattr(extent, "value") else None
@@ -143,7 +172,11 @@ def reduction_anatomy(sch) -> Anatomy | None:
         return None
     index = reductions[0]
     block = blocks[index]
+    pads = []
     for producer in blocks[:index]:
+        if _is_padding(sch, producer):
+            pads.append(producer)
+            continue
         try:
             sch.compute_inline(producer)
         except Exception:  # noqa: BLE001 - a producer read twice or in another shape: not this form
@@ -162,7 +195,7 @@ def reduction_anatomy(sch) -> Anatomy | None:
 
     output = stmt.writes[0]
     return Anatomy(
-        block=block, after=list(blocks[index + 1:]), iter_vars=ivars, spatial=spatial, reduce=reduce,
+        block=block, after=list(blocks[index + 1:]), pads=pads, iter_vars=ivars, spatial=spatial, reduce=reduce,
         extents=[int(iv.dom.extent.value) for iv in ivars],
         output_axes=[var_of(r.min) for r in output.region],
         reads=[Read(r.source, [x.min for x in r.region]) for r in stmt.reads if not r.source.same_as(output.source)],
