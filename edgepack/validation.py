@@ -89,6 +89,7 @@ def validate(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     inventory: Path | str | None = None,
+    threads: int | None = None,
     progress: Progress | None = None,
 ) -> ValidationReport:
     """Run the build ``on`` a place and compare every output with the reference runtime.
@@ -97,6 +98,7 @@ def validate(
     ``host-vulkan``, ``emulator`` (qemu-user), a device of the inventory, or ``farm:PROFILE``.
     ``inputs``: an ``.npz`` path or arrays by input name (default: seeded random inputs). The report
     says per output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch.
+    ``threads``: CPU threads for the build's parallel kernels (None: ``$TVM_NUM_THREADS``, else every core).
     """
     build_dir = Path(build_dir)
     manifest = read_manifest(build_dir)
@@ -108,7 +110,7 @@ def validate(
     else:
         feeds = load_inputs(Path(inputs), manifest.inputs)
     started = time.perf_counter()
-    actual, ran_on = place.run(build_dir, manifest, feeds, progress=progress)
+    actual, ran_on = place.run(build_dir, manifest, feeds, threads=threads, progress=progress)
     expected = run_reference(build_dir / manifest.model_file, manifest.model_format, feeds, manifest.outputs)
     comparisons = tuple(
         compare(spec.name, a, e, atol, rtol) for spec, a, e in zip(manifest.outputs, actual, expected)

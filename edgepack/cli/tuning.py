@@ -182,7 +182,7 @@ def tune(
                                                  "inventory, or farm:PROFILE (every device of the running farm).")] = "host",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Tuning directory; an existing one for the same "
                                                                        "model and target is resumed "
-                                                                       "[default: tuning/PROFILE-MODEL].")] = None,
+                                                                       "\\[default: tuning/PROFILE-MODEL].")] = None,
     trials: Annotated[int, typer.Option("--trials", "-n", help="Total measurements for the directory (earlier runs "
                                                                "count).")] = 1000,
     time_budget: Annotated[str | None, typer.Option("--time-budget", "-t", metavar="DURATION",
@@ -196,7 +196,7 @@ def tune(
                                                                   "for several).")] = None,
     input_shape: InputShapeOption = None,
     num_cores: Annotated[int | None, typer.Option("--num-cores", help="Cores of the device the schedules are for "
-                                                                      "[default: this machine's for host, else the "
+                                                                      "\\[default: this machine's for host, else the "
                                                                       "profile's or 4].")] = None,
     inventory: InventoryOption = None,
     as_json: JsonOption = False,
