@@ -100,13 +100,41 @@ def test_mediapipe_layers_match_litert_on_rpi3_emulator(tmp_path, make_model):
 
 @pytest.mark.slow
 def test_pinned_llvm_still_miscompiles_without_the_option(tmp_path):
-    """The reason for ``-arm-load-store-opt=false``, kept as a canary: the float16 layer built for rpi3
-    with the load/store optimizer on is wrong under qemu-arm. When this fails, the pinned TVM's LLVM
-    has the fix (LLVM issue #223630) and edgepack.profiles.ARM32_LLVM_OPTIONS can go."""
+    """The reason for ``-arm-load-store-opt=false``, kept as a canary: the float16 weight transpose of
+    MediaPipe's layers (cast to float32, OHWI to HWIO, in TVM's plain loop nest, as it ran on the device
+    before edgepack folded kernels on constants at compile time) is wrong under qemu-arm when built with
+    the load/store optimizer on. When this fails, the pinned TVM's LLVM has the fix (LLVM issue
+    #223630) and edgepack.profiles.ARM32_LLVM_OPTIONS can go."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from edgepack.run.c_runner import run_c_runner, runner_for_profile
+    from edgepack.tensors import TensorSpec
+    from edgepack.toolchain.compilers import emulator_command, find_compilers
+    from edgepack.toolchain.model_library import export_model_shared, model_meta_text
+
     rpi3 = get_profile("rpi3")
     unsafe = dataclasses.replace(rpi3, target={k: v for k, v in rpi3.target.items() if k != "cl-opt"})
-    model = fp16_pointwise_conv(tmp_path / "fp16_conv.tflite")
-    build = compile_model(model, unsafe, tmp_path / "rpi3-unsafe").output_dir
-    report = validate(build, "emulator")
-    # seen with LLVM 22: channels 17-23 of each of the 16 pixels (112 of 384 values) wrong
-    assert not report.passed, "the pinned LLVM no longer miscompiles this layer: see docs/armv7.md"
+    bb = relax.BlockBuilder()
+    weights = relax.Var("w", relax.TensorType((24, 1, 1, 96), "float16"))
+    with bb.function("main", [weights]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.permute_dims(relax.op.astype(weights, "float32"), [1, 2, 3, 0]))
+        bb.emit_func_output(out)
+    inputs = (TensorSpec("w", "float16", (24, 1, 1, 96)),)
+    outputs = (TensorSpec("out", "float32", (1, 1, 96, 24)),)
+    w = np.random.default_rng(0).normal(0, 0.3, (24, 1, 1, 96)).astype(np.float16)
+    expected = np.transpose(w.astype(np.float32), (1, 2, 3, 0))
+    wrong = {}
+    for name, profile in (("unsafe", unsafe), ("rpi3", rpi3)):
+        compilers = find_compilers(profile)
+        library = tmp_path / f"{name}.so"
+        export_model_shared(tvm.compile(bb.get(), target=profile.tvm_target()), library, compilers.cxx,
+                            meta_text=model_meta_text(inputs, outputs), cc=compilers.cc)
+        result = run_c_runner(emulator_command(profile), runner_for_profile(profile), library, {"w": w}, inputs,
+                              outputs)
+        wrong[name] = int(np.count_nonzero(result.outputs[0] != expected))
+    assert wrong["rpi3"] == 0, wrong
+    # seen with LLVM 22: 672 of 2304 values wrong
+    assert wrong["unsafe"] > 0, "the pinned LLVM no longer miscompiles this transpose: see docs/armv7.md"

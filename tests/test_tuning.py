@@ -298,7 +298,8 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
     out = tmp_path / "tuning"
     batch, trials = 8, 40
-    # its two heaviest convolutions: each gets a probe batch (4), then batches of 8 revisit them
+    # its two heaviest convolutions: each first measures its default schedule (a batch of 1), then gets a
+    # probe batch (4), then batches of 8 revisit them
     command = ("tune", str(model.path), "--input-shape", "x:1,3,48,192", "--profile", "host", "--on", "host",
                "-o", str(out), "--trials", str(trials), "--batch", str(batch),
                "--task", "fused_conv2d36_", "--task", "fused_conv2d40_")
@@ -312,7 +313,7 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     assert "Traceback" not in text and "Rerun the same command to resume" in " ".join(text.split())
     after_interrupt = (out / RECORD_FILE).read_bytes()
     n1 = _record_lines(out)
-    assert n1 in (4, 8, 16), text  # whole batches only
+    assert n1 in (1, 2, 6), text  # whole batches only: one or both defaults, and a probe batch in flight
 
     # 2. SIGKILL in the middle of the next run: what was recorded stays, byte for byte
     proc = _popen_cli(*command)

@@ -43,7 +43,7 @@ def fetch_wheel(wheel: PinnedWheel, downloads: Path, *, purpose: str, log: Progr
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    "--platform", wheel.platform, "--disable-pip-version-check", "-d", tmp, wheel.requirement]
             if wheel.python_version:
-                cmd[7:7] = ["--python-version", wheel.python_version]
+                cmd[-3:-3] = ["--python-version", wheel.python_version]
             result = run(cmd)
             got = Path(tmp) / wheel.filename
             if result.returncode != 0 or not got.is_file():

@@ -125,14 +125,14 @@ def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None =
         weight_prepack, channels_last = records.weight_prepack, records.channels_last
     cpu = _cpu_passes()
     rules = default_rules()
-    tuned = []
-    if records is not None:
-        note_before, note_after = note_tuned_pass(record)
-        tuned = [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False), note_after]
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackCpuPipeline")
     def _pipeline(mod, _ctx):
         with target, (records.database if records is not None else contextlib.nullcontext()):
+            tuned = []
+            if records is not None:  # ApplyDatabase reads the target when it is made
+                note_before, note_after = note_tuned_pass(record)
+                tuned = [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False), note_after]
             seq = tvm.transform.Sequential([
                 *prepare_passes(target, weight_prepack, channels_last),
                 *tuned,
