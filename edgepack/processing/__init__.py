@@ -1,0 +1,53 @@
+"""Pre- and post-processing compiled into the model: camera frames in, answers out.
+
+    settings    the dataclasses a user writes (ImagePreprocess, OutputPostprocess, NmsPostprocess)
+    parse       --preprocess / --postprocess strings and TOML files into them
+    plan        the settings resolved against the model's inputs and outputs (or a ProcessingError)
+    frames      pre-processing as Relax (frame -> model input), outputs: post-processing as Relax,
+    kernels     top-K and NMS in TensorIR, program: all of it around the model's main function
+    reference   the independent reference: ONNX Runtime pre-graph -> original model -> NumPy post
+    pictures    random frames and a test picture drawn here
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgepack.frontends.types import ImportedModel
+from edgepack.manifest import BuildManifest
+from edgepack.processing.parse import PostprocessLike, PreprocessLike, parse_postprocess, parse_preprocess
+from edgepack.processing.pictures import encode_frame, picture_frames, random_frames, test_picture
+from edgepack.processing.plan import FramePlan, NmsPlan, OutputPlan, ProcessingPlan, plan_processing
+from edgepack.processing.program import processed_model
+from edgepack.processing.reference import ReferenceRun, run_processed_reference
+from edgepack.processing.settings import ImagePreprocess, NmsPostprocess, OutputPostprocess
+from edgepack.tensors import TensorSpec
+
+__all__ = [
+    "FramePlan", "ImagePreprocess", "NmsPlan", "NmsPostprocess", "OutputPlan", "OutputPostprocess",
+    "PostprocessLike", "PreprocessLike", "ProcessingPlan", "ReferenceRun", "encode_frame", "manifest_plan",
+    "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames", "plan_for",
+    "plan_processing", "processed_model", "random_frames", "run_processed_reference", "test_picture",
+]
+
+
+def plan_for(imported: ImportedModel, model_outputs: tuple[TensorSpec, ...], preprocess: Any = None,
+             postprocess: Any = None) -> ProcessingPlan | None:
+    """The plan of ``preprocess``/``postprocess`` (strings, TOML files or dataclasses) for an imported
+    model whose outputs are ``model_outputs``; None when there is nothing to do."""
+    pre, post = parse_preprocess(preprocess), parse_postprocess(postprocess)
+    if not pre and not post:
+        return None
+    return plan_processing(pre, post, imported.inputs, model_outputs)
+
+
+def manifest_plan(manifest: BuildManifest) -> ProcessingPlan | None:
+    """The processing a build was compiled with (None for a build without)."""
+    return ProcessingPlan.from_dict(manifest.processing) if manifest.processing else None
+
+
+def model_input_shapes(manifest: BuildManifest) -> dict[str, tuple[int, ...]]:
+    """The input shapes of the build's model itself (what ``import_model`` needs to compile it again)."""
+    plan = manifest_plan(manifest)
+    specs = plan.model_inputs if plan else manifest.inputs
+    return {t.name: tuple(int(d) for d in t.shape) for t in specs}
