@@ -135,10 +135,11 @@ def compile_summary(result) -> None:
     table.add_column("")
     table.add_row("output", str(result.output_dir))
     table.add_row("target", f"{m.target.get('kind')} {m.target.get('mtriple', '')} {m.target.get('mcpu', '')}".strip())
-    for spec in m.inputs:
-        table.add_row("input", f"{spec.name} {spec.dtype} {_shape(spec.shape)}")
-    for spec in m.outputs:
-        table.add_row("output", f"{spec.name} {spec.dtype} {_shape(spec.shape)}")
+    described = {**(m.processing or {}).get("inputs", {}), **(m.processing or {}).get("outputs", {})}
+    for kind, specs in (("input", m.inputs), ("output", m.outputs)):
+        for spec in specs:
+            note = f"\n  {escape(described[spec.name])}" if spec.name in described else ""
+            table.add_row(kind, f"{spec.name} {spec.dtype} {_shape(spec.shape)}{note}")
     for key, art in m.artifacts.items():
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
     backend = backend_for(m)
@@ -161,7 +162,8 @@ def validation_report(report) -> None:
                       str(o.mismatched), "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]")
     console.print(table)
     if report.passed:
-        console.print(f"[bold green]PASS[/] all {len(report.outputs)} outputs match the reference.")
+        console.print(f"[bold green]PASS[/] all {len(report.outputs)} outputs match the reference"
+                      + (f" on {report.inputs}." if report.inputs else "."), highlight=False)
     else:
         failed = sum(not o.passed for o in report.outputs)
         console.print(f"[bold red]FAIL[/] {failed} of {len(report.outputs)} outputs differ from the reference.")

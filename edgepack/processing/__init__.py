@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
 from edgepack.processing.parse import PostprocessLike, PreprocessLike, parse_postprocess, parse_preprocess
@@ -21,29 +19,24 @@ from edgepack.processing.plan import FramePlan, NmsPlan, OutputPlan, ProcessingP
 from edgepack.processing.program import processed_model
 from edgepack.processing.reference import ReferenceRun, run_processed_reference
 from edgepack.processing.settings import ImagePreprocess, NmsPostprocess, OutputPostprocess
-from edgepack.tensors import TensorSpec
 
 __all__ = [
     "FramePlan", "ImagePreprocess", "NmsPlan", "NmsPostprocess", "OutputPlan", "OutputPostprocess",
     "PostprocessLike", "PreprocessLike", "ProcessingPlan", "ReferenceRun", "encode_frame", "manifest_plan",
-    "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames", "plan_for",
-    "plan_processing", "processed_model", "random_frames", "run_processed_reference", "test_picture",
+    "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames",
+    "plan_processing", "processed_model", "build_program", "random_frames", "run_processed_reference", "test_picture",
 ]
-
-
-def plan_for(imported: ImportedModel, model_outputs: tuple[TensorSpec, ...], preprocess: Any = None,
-             postprocess: Any = None) -> ProcessingPlan | None:
-    """The plan of ``preprocess``/``postprocess`` (strings, TOML files or dataclasses) for an imported
-    model whose outputs are ``model_outputs``; None when there is nothing to do."""
-    pre, post = parse_preprocess(preprocess), parse_postprocess(postprocess)
-    if not pre and not post:
-        return None
-    return plan_processing(pre, post, imported.inputs, model_outputs)
 
 
 def manifest_plan(manifest: BuildManifest) -> ProcessingPlan | None:
     """The processing a build was compiled with (None for a build without)."""
     return ProcessingPlan.from_dict(manifest.processing) if manifest.processing else None
+
+
+def build_program(imported: ImportedModel, manifest: BuildManifest, word_reads: str | None) -> ImportedModel:
+    """What a build compiles: ``imported`` (the build's model) with the build's processing around it."""
+    plan = manifest_plan(manifest)
+    return processed_model(imported, plan, word_reads=word_reads) if plan else imported
 
 
 def model_input_shapes(manifest: BuildManifest) -> dict[str, tuple[int, ...]]:
