@@ -75,7 +75,9 @@ def nms_select_kernel(batch: int, count: int, classes: int, per_class: int, iou_
         for b, c in T.grid(batch, classes):
             with T.sblock("nms_select"):
                 vb, vc = T.axis.remap("SS", [b, c])
-                T.reads(corners[vb, 0:count, 0:4], scores[vb, 0:count, vc], state[vb, vc, 0:count])
+                # state (scratch) is listed as written only: a block reading and writing one buffer is not a
+                # "complete block" to dlight, and nothing outside this block ever reads it
+                T.reads(corners[vb, 0:count, 0:4], scores[vb, 0:count, vc])
                 T.writes(index[vb, vc, 0:per_class], score[vb, vc, 0:per_class], state[vb, vc, 0:count])
                 best = T.alloc_buffer((1,), "int32", scope="local")
                 best_score = T.alloc_buffer((1,), "float32", scope="local")
@@ -128,7 +130,7 @@ def nms_merge_kernel(batch: int, count: int, classes: int, per_class: int, limit
             with T.sblock("nms_merge"):
                 vb = T.axis.spatial(batch, b)
                 T.reads(corners[vb, 0:count, 0:4], index[vb, 0:classes, 0:per_class],
-                        score[vb, 0:classes, 0:per_class], heads[vb, 0:classes])
+                        score[vb, 0:classes, 0:per_class])  # heads: scratch, written only (see nms_select)
                 T.writes(out_boxes[vb, 0:limit, 0:4], out_scores[vb, 0:limit], out_classes[vb, 0:limit],
                          out_count[vb], heads[vb, 0:classes])
                 best = T.alloc_buffer((1,), "int32", scope="local")
