@@ -53,7 +53,7 @@ def profiles(as_json: JsonOption = False) -> None:
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model, or a build directory (with --kernels).")],
+    model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model, or a build directory (its model, and what its program takes and returns, with any compiled-in processing; --kernels: a GPU build's kernels).")],
     ir: Annotated[bool, typer.Option("--ir", help="Also print the Relax IR before and after operator fusion.")] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="For a GPU build directory: its OpenCL kernels / WGSL shaders with launch sizes.")] = False,
     input_shape: InputShapeOption = None,
@@ -72,6 +72,8 @@ def inspect(
         print_json(found.to_dict())
     else:
         render.model_info(found.info, (found.ir_before_fusion, found.ir_after_fusion) if ir else None)
+        if found.build is not None:
+            render.build_program(found.build)
 
 
 @app.command(name="compile")

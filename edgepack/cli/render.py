@@ -92,6 +92,19 @@ def profiles_table(profiles) -> None:
         console.print(note, highlight=False)
 
 
+def build_program(build) -> None:
+    """What a build's program takes and returns (``inspect BUILD``), with its compiled-in processing."""
+    table = Table(title=f"The build {build.build_dir} ({build.profile}) takes and returns", title_justify="left")
+    for col in ("", "name", "dtype", "shape", "processing"):
+        table.add_column(col, overflow="fold")
+    for kind, specs in (("input", build.inputs), ("output", build.outputs)):
+        for t in specs:
+            table.add_row(kind, t.name, t.dtype, _shape(t.shape), escape(build.described.get(t.name, "")))
+    console.print(table)
+    for setting in build.settings:
+        console.print(f"  compiled in: {escape(setting)}", highlight=False)
+
+
 def model_info(info, ir_text=None) -> None:
     console.print(f"[bold]{info.path}[/]  {info.format.upper()}"
                   + (f" opset {info.opset}" if info.opset else "") + f"  sha256 {info.sha256[:16]}…")
