@@ -158,3 +158,22 @@ def onnx_detector(path: Path, *, size: int = 64, classes: int = 3, seed: int = 0
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def onnx_passthrough(path: Path, shape: tuple[int, ...], *, name: str = "input", output: str = "output",
+                     scale: float = 1.0) -> Path:
+    """An ONNX model whose output is its float32 input times ``scale``: the program's output then shows
+    exactly what pre-processing made, or gives post-processing known values."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", [name, "scale"], [output])], "passthrough",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, list(shape))],
+        [numpy_helper.from_array(np.array(scale, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

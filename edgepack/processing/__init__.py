@@ -14,7 +14,7 @@ from __future__ import annotations
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
 from edgepack.processing.parse import PostprocessLike, PreprocessLike, parse_postprocess, parse_preprocess
-from edgepack.processing.pictures import encode_frame, picture_frames, random_frames, test_picture
+from edgepack.processing.pictures import encode_frame, picture_frames, random_frames, synthetic_picture
 from edgepack.processing.plan import FramePlan, NmsPlan, OutputPlan, ProcessingPlan, plan_processing
 from edgepack.processing.program import processed_model
 from edgepack.processing.reference import ReferenceRun, run_processed_reference
@@ -24,7 +24,7 @@ __all__ = [
     "FramePlan", "ImagePreprocess", "NmsPlan", "NmsPostprocess", "OutputPlan", "OutputPostprocess",
     "PostprocessLike", "PreprocessLike", "ProcessingPlan", "ReferenceRun", "encode_frame", "manifest_plan",
     "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames",
-    "plan_processing", "processed_model", "build_program", "random_frames", "run_processed_reference", "test_picture",
+    "plan_processing", "processed_model", "build_program", "random_frames", "run_processed_reference", "synthetic_picture",
 ]
 
 

@@ -10,7 +10,7 @@ from edgepack.processing.plan import FramePlan, ProcessingPlan
 from edgepack.tensors import random_inputs
 
 
-def test_picture(height: int, width: int) -> np.ndarray:
+def synthetic_picture(height: int, width: int) -> np.ndarray:
     """An RGB uint8 [height, width, 3] picture with smooth areas, hard edges and a face-like pattern."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     v, u = y / max(height - 1, 1), x / max(width - 1, 1)
@@ -64,7 +64,7 @@ def encode_frame(rgb: np.ndarray, fmt: str) -> np.ndarray:
 
 def picture_frame(plan: FramePlan) -> np.ndarray:
     """The test picture as the frame ``plan`` takes."""
-    return encode_frame(test_picture(plan.frame_height, plan.frame_width), plan.setting.format)
+    return encode_frame(synthetic_picture(plan.frame_height, plan.frame_width), plan.setting.format)
 
 
 def random_frames(plan: ProcessingPlan, seed: int = 0) -> dict[str, np.ndarray]:

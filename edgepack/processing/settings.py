@@ -30,9 +30,9 @@ POSTPROCESS_SYNTAX = ("NAME=softmax|sigmoid|argmax|topk:K (steps joined by '+', 
                       "BOXES,SCORES=nms[:iou=0.45,score=0.25,max=100,boxes=xyxy|yxyx|cxcywh]")
 
 
-def _choice(value: str, allowed, what: str, example: str) -> str:
+def _choice(value: str, allowed, what: str, example: str, owner: str = "") -> str:
     if value not in allowed:
-        raise ProcessingError(f"Unknown {what} {value!r}.", f"Use one of {', '.join(allowed)} (e.g. {example}).")
+        raise ProcessingError(f"Unknown {what} {value!r}{owner}.", f"Use one of {', '.join(allowed)} (e.g. {example}).")
     return value
 
 
@@ -65,12 +65,12 @@ class ImagePreprocess:
     def __post_init__(self) -> None:
         if not self.input:
             raise ProcessingError("A pre-processing setting names no input.", f"Write {PREPROCESS_SYNTAX}.")
-        _choice(self.format, tuple(FRAME_FORMATS), f"frame format for input {self.input!r}", "image:rgb8")
+        _choice(self.format, tuple(FRAME_FORMATS), "frame format", "image:rgb8", f" for input {self.input!r}")
         if self.resize is not None:
-            _choice(self.resize, RESIZE_METHODS, f"resize method for input {self.input!r}", "resize=bilinear")
-        _choice(self.order, CHANNEL_ORDERS, f"channel order for input {self.input!r}", "order=rgb")
+            _choice(self.resize, RESIZE_METHODS, "resize method", "resize=bilinear", f" for input {self.input!r}")
+        _choice(self.order, CHANNEL_ORDERS, "channel order", "order=rgb", f" for input {self.input!r}")
         if self.layout is not None:
-            _choice(self.layout, LAYOUTS, f"layout for input {self.input!r}", "layout=nchw")
+            _choice(self.layout, LAYOUTS, "layout", "layout=nchw", f" for input {self.input!r}")
         if self.size is not None:
             size = tuple(self.size)
             if len(size) != 2 or not all(isinstance(d, int) and d > 0 for d in size):
