@@ -402,6 +402,12 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
 NATIVE_ALIGNMENT = 64  # NativeModel.ALIGNMENT, EP_ALIGNMENT
 
 
+def takes_bitmaps(manifest: BuildManifest) -> bool:
+    """Whether the generated class has ``run(Bitmap)``: one input, fed with rgb8/bgr8/rgba8/gray8 frames."""
+    frame = _single_frame(manifest_plan(manifest), java_tensors(manifest)[0])
+    return frame is not None and frame.setting.format != "nv21"
+
+
 def _single_frame(plan: ProcessingPlan | None, inputs: Sequence[JavaTensor]):
     """The frame input of a model whose only input takes camera frames (FRAME_* constants, run(Bitmap))."""
     if plan is None or len(inputs) != 1 or len(plan.frames) != 1:
