@@ -1,9 +1,10 @@
 """Post-processing kernels written in TensorIR: top-K and non-maximum suppression.
 
-TVM 0.27's own ``relax.op.topk`` and ``relax.op.vision.*non_max_suppression`` do not fit: on CPUs topk
-and sort lower to calls of ``tvm.contrib.sort.*`` (packed functions that edgepack's device runtimes do
-not carry), and NMS lowers to TOPI's serial IR-builder code that dlight cannot schedule on a GPU
-(a GPU build would be refused, see ``backends.gpu``). These kernels are written once for every target:
+TVM 0.27's own ``relax.op.topk`` and ``relax.op.vision.all_class_non_max_suppression`` do not fit (tried
+through edgepack's backends): on CPUs both become calls of ``tvm.contrib.sort.*``, packed functions the
+runtimes edgepack builds from source do not carry; topk does not compile for WebGPU ("blockIdx.z is
+not supported"), NMS not for OpenCL ("Buffer T_gather is used before its definition") and its int64
+indices cannot be narrowed for Vulkan. These kernels are written once for every target:
 one block per independent row (a row of top-K, a (batch, class) pair of NMS, a batch item of the
 merge) whose body is a plain serial loop nest. On a CPU the loops run as they are; on a GPU dlight's
 fallback rule binds the rows to threads (``gpu.Fallback`` in the build's schedule report).
