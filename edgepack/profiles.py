@@ -10,6 +10,8 @@ Search path, first match wins: ``$EDGEPACK_PROFILES_DIR`` (``:``-separated), the
 
 from __future__ import annotations
 
+import functools
+
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -62,11 +64,19 @@ class Profile:
         """True when binaries for this profile run natively on this machine."""
         return self.emulator is None and not self.toolchain.ndk and self.triple.startswith("x86_64")
 
+    @property
+    def target_spec(self) -> dict[str, Any]:
+        """The target as TVM takes it, ``mcpu = "native"`` replaced by this machine's CPU (LLVM's name)."""
+        spec = dict(self.target)
+        if spec.get("mcpu") == NATIVE_CPU:
+            spec["mcpu"] = host_cpu()
+        return spec
+
     def tvm_target(self):  # -> tvm.target.Target (imported lazily: TVM takes a second to load)
         import tvm
 
         host = self.host_target
-        return tvm.target.Target(self.target, host=host) if host else tvm.target.Target(self.target)
+        return tvm.target.Target(self.target_spec, host=host) if host else tvm.target.Target(self.target_spec)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +99,24 @@ class Profile:
             "emulator": ({"command": list(self.emulator.command), "apt_package": self.emulator.apt_package}
                          if self.emulator else None),
         }
+
+
+#: A profile's ``mcpu`` for "the CPU of the machine that compiles": a CPU target without ``mcpu`` gets
+#: SSE2 code only from LLVM, a quarter of an AVX-512 core's vector width.
+NATIVE_CPU = "native"
+
+
+@functools.cache
+def host_cpu() -> str:
+    """This machine's CPU as LLVM names it (``znver4``, ``skylake-avx512``, ``cortex-a72``)."""
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
+
+
+def host_cpu_target() -> dict[str, Any]:
+    """An LLVM target for this machine's CPU, all its SIMD included."""
+    return {"kind": "llvm", "mcpu": host_cpu()}
 
 
 #: LLVM options that every 32-bit ARM LLVM target needs with the LLVM inside apache-tvm 0.27 (LLVM 22):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -81,49 +82,6 @@ def format_size(values: Sequence[int | str]) -> str:
 # the GPU pipeline with its decisions recorded
 
 
-def _rule_name(rule) -> str:
-    module = type(rule).__module__
-    family = module.split(".dlight.")[-1].split(".")[0] if ".dlight." in module else module
-    return f"{family}.{type(rule).__name__}"
-
-
-def _recording_schedule_pass(rules: Sequence, record: dict[str, str]):
-    """TVM's dlight ``ApplyDefaultSchedule`` with the same rules, remembering which rule took what."""
-    import tvm
-    from tvm import tirx
-
-    @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
-    class RecordingApplyDefaultSchedule:
-        def transform_module(self, mod, _ctx):
-            updated = {}
-            for gvar, func in mod.functions_items():
-                if not isinstance(func, tirx.PrimFunc):
-                    continue
-                name = gvar.name_hint
-                if "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
-                    record.setdefault(name, "pre-scheduled")
-                    continue
-                target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
-                for rule in rules:
-                    try:
-                        space = rule.apply(func, target, False)
-                    except Exception:  # noqa: BLE001  a rule that cannot handle the function's form
-                        space = None
-                    if space is None:
-                        continue
-                    sch = space if not isinstance(space, list) else space[0]
-                    updated[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-                    record[name] = _rule_name(rule)
-                    break
-                else:
-                    record[name] = "own thread bindings" if _binds_threads(func) else "none"
-            for gvar, func in updated.items():
-                mod[gvar] = func
-            return mod
-
-    return RecordingApplyDefaultSchedule()
-
-
 def _is_dlight_pass(p) -> bool:
     inner = getattr(p, "_inst", None)
     return inner is not None and type(inner).__name__ == "ApplyDefaultSchedule"
@@ -146,27 +104,10 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None)
     With ``records``, MetaSchedule's ``ApplyDatabase`` runs right before the first dlight pass: the
     kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest."""
     import tvm
-    from tvm import relax, tirx
+    from tvm import relax
     from tvm.relax import pipeline as rp
 
-    scheduled_before: set[str] = set()
-
-    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_scheduled")
-    def _note_scheduled(mod, _ctx):
-        for gvar, func in mod.functions_items():
-            if isinstance(func, tirx.PrimFunc) and func.attrs is not None and \
-                    "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
-                scheduled_before.add(gvar.name_hint)
-        return mod
-
-    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_tuned")
-    def _note_tuned(mod, _ctx):
-        for gvar, func in mod.functions_items():
-            name = gvar.name_hint
-            if isinstance(func, tirx.PrimFunc) and name not in scheduled_before and func.attrs is not None and \
-                    "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1:
-                record[name] = "tuned"
-        return mod
+    note_before, note_after = note_tuned_pass(record)
 
     legalize = []
     rules: list = []
@@ -176,10 +117,10 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None)
                 if not rules:
                     legalize.append(_short_kernel_names())
                 if records is not None and not rules:
-                    legalize += [_note_scheduled, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
-                                 _note_tuned]
+                    legalize += [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
+                                 note_after]
                 rules.extend(p._inst.rules)
-                legalize.append(_recording_schedule_pass(list(p._inst.rules), record))
+                legalize.append(recording_schedule_pass(list(p._inst.rules), record, _unscheduled_label))
             else:
                 legalize.append(p)
 
@@ -192,7 +133,7 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None)
             )
             return seq(mod)
 
-    names = tuple(_rule_name(r) for r in rules)
+    names = tuple(rule_name(r) for r in rules)
     return _pipeline, (("tuned", *names) if records is not None else names)
 
 
@@ -266,6 +207,10 @@ def _thread_extents(stmt, extents: dict[str, int | str]) -> None:
             extents.setdefault(str(node.node.thread_tag), _extent(node.value))
 
     tvm_ffi.structural_walk(stmt, [(tirx.AttrStmt, visit)], order="pre")
+
+
+def _unscheduled_label(func) -> str:
+    return "own thread bindings" if _binds_threads(func) else "none"
 
 
 def _binds_threads(func) -> bool:

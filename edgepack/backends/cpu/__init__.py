@@ -1,7 +1,9 @@
-"""CPUs (x86-64 hosts, ARM boards and phones): TVM's LLVM code generation through the Relax CPU pipeline.
+"""CPUs (x86-64 hosts, ARM boards and phones): TVM's LLVM code generation through the Relax CPU pipeline,
+with edgepack's default schedules (``schedules/``: parallel, vectorized, register-tiled kernels) for
+every kernel without a tuning record.
 
-A tuned build applies MetaSchedule's best records after fusion: convolutions channels-last (NHWC) and
-their constant weights rewritten once, at compile time, into the layout each tuned kernel chose.
+Convolutions run channels-last (NHWC) and constant weights are rewritten once, at compile time, into
+the layout each kernel's schedule reads (``pipeline.py``).
 """
 
 from __future__ import annotations
@@ -10,73 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edgepack.backends.base import Backend, Build, TuningLayout, TuningRecords, register
+from edgepack.backends.base import Backend, Build, ScheduledFunction, ScheduleReport, TuningLayout, TuningRecords, register
+from edgepack.backends.cpu.pipeline import cpu_pipeline, describe_pipeline, prepare_passes
 from edgepack.errors import CompileError, EdgepackError, first_line
 from edgepack.frontends.types import ImportedModel
-from edgepack.profiles import Profile
-
-
-def _cpu_pipeline():
-    # the module, not the package: tvm.relax.backend.cpu_generic does not export dataflow_lower_passes
-    from tvm.relax.backend.cpu_generic import pipeline
-
-    return pipeline
-
-
-def prepare_passes(target, weight_prepack: bool = False, channels_last: bool = False) -> list:
-    """Relax passes up to fused TIR kernels: the same for task extraction and for applying records.
-
-    ``weight_prepack``: the weights are constants, so the CPU kernels mark them layout-free;
-    MetaSchedule may then pick a weight layout that suits its loop nest (``RewriteLayout``), and
-    the rewrite is done once at compile time (``_weight_prepack_passes``), not on every inference.
-    ``channels_last``: convolutions (and the elementwise and pooling operators between them) work on
-    NHWC activations, the model's NCHW input and output transposed once at its ends. Channels are
-    the axis SIMD lanes fill best: a depthwise or strided convolution in NCHW vectorizes along a row
-    of 7-112 pixels (strided loads for stride 2), in NHWC along 16-1280 contiguous channels
-    (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
-    0.40 ms in NCHW).
-    """
-    from tvm import relax
-
-    cpu = _cpu_pipeline()
-    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if weight_prepack else []
-    layout = [relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})] if channels_last else []
-    return [*layout, *cpu.library_dispatch_passes(target), *cpu.legalize_passes(target), *prepack]
-
-
-def _weight_prepack_passes() -> list:
-    """After the records are applied: split each kernel's weight-layout rewrite into its own
-    function and fold it into the constant weights (so it never runs on the device)."""
-    from tvm import relax
-
-    return [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant(),
-            relax.transform.DeadCodeElimination()]
-
-
-def tuned_pipeline(target, records: TuningRecords):
-    """The default Relax pipeline for a CPU target, with the best record of each kernel applied.
-
-    Same passes as TVM's CPU default pipeline (dispatch, legalize + fuse, lower, finalize) with
-    ``MetaScheduleApplyDatabase`` after fusion, so kernels without records stay as they are untuned.
-    """
-    import tvm
-    from tvm import relax
-
-    cpu = _cpu_pipeline()
-
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackTunedPipeline")
-    def _pipeline(mod, _ctx):
-        with target, records.database:
-            seq = tvm.transform.Sequential([
-                *prepare_passes(target, records.weight_prepack, records.channels_last),
-                relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
-                *(_weight_prepack_passes() if records.weight_prepack else []),
-                *cpu.dataflow_lower_passes(target),
-                *cpu.finalize_passes(target),
-            ])
-            return seq(mod)
-
-    return _pipeline
+from edgepack.manifest import BuildManifest
+from edgepack.profiles import Profile, host_cpu_target
 
 
 class CpuBackend(Backend):
@@ -90,7 +31,8 @@ class CpuBackend(Backend):
         import tvm
         from tvm import relax
 
-        pipeline = tuned_pipeline(target, records) if records is not None else "default"
+        record: dict[str, str] = {}
+        pipeline, rules = cpu_pipeline(target, record, records)
         try:
             if system_lib:
                 executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline)
@@ -101,7 +43,31 @@ class CpuBackend(Backend):
                 f"TVM failed to compile {imported.info.path.name} for {target.kind.name}: {first_line(exc)}",
                 "This is a gap in TVM's code generation for this model; please report it with the model attached.",
             ) from exc
-        return Build(executable)
+        report = ScheduleReport(target=str(target), pipeline=describe_pipeline(records), rules=rules,
+                                functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())])
+        return Build(executable, report)
+
+    def host_target(self, profile: Profile) -> Any:
+        import tvm
+
+        return tvm.target.Target(host_cpu_target())
+
+    def manifest_extra(self, build: Build) -> dict[str, Any]:
+        return {self.name: build.report.to_dict()} if build.report is not None else {}
+
+    def summary_lines(self, manifest: BuildManifest) -> list[str]:
+        """The schedules of the build's kernels; kernels without one are named (never a silent slow path)."""
+        extra = manifest.extra.get(self.name) or {}
+        if not extra:
+            return []
+        schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
+        unscheduled = extra.get("unscheduled") or []
+        return [
+            f"{extra.get('num_functions', 0)} fused functions ({extra.get('pipeline')}): {schedules or 'none'}",
+            "unscheduled: none" if not unscheduled else
+            f"unscheduled: {len(unscheduled)} function(s) run TVM's plain loop nest (no rule applies): "
+            + ", ".join(unscheduled),
+        ]
 
     def host_device(self, *, log=None) -> Any:
         import tvm
@@ -126,7 +92,7 @@ class CpuBackend(Backend):
     def tuning_target(self, profile: Profile, *, num_cores: int | None, here: bool) -> Any:
         import tvm
 
-        spec = dict(profile.target)
+        spec = profile.target_spec
         if num_cores:
             spec["num-cores"] = int(num_cores)
         elif "num-cores" not in spec:

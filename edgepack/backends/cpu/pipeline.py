@@ -1,0 +1,151 @@
+"""The Relax pipeline of CPU builds: TVM's CPU passes with edgepack's default schedules and, for tuned
+builds, MetaSchedule's records applied first.
+
+    dispatch, legalize, fuse         convolutions channels-last (NHWC), weights marked layout-free
+    [tuning records]                 the best record of each kernel that has one ("tuned")
+    default schedules                edgepack's rules for every other kernel (``schedules/``)
+    weight layouts folded            each kernel's weight rewrite runs once, here, on the constants
+    lower, finalize                  TVM's CPU passes
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from edgepack.backends.base import TuningRecords
+from edgepack.backends.cpu.schedules import default_rules
+from edgepack.backends.cpu.weights import fold_constant_calls
+from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
+from edgepack.errors import first_line
+
+logger = logging.getLogger("edgepack.schedules")
+
+
+def _cpu_passes():
+    # the module, not the package: tvm.relax.backend.cpu_generic does not export dataflow_lower_passes
+    from tvm.relax.backend.cpu_generic import pipeline
+
+    return pipeline
+
+
+def prepare_passes(target, weight_prepack: bool = False, channels_last: bool = False) -> list:
+    """Relax passes up to fused TIR kernels: the same for task extraction, records and default schedules.
+
+    ``weight_prepack``: the weights are constants, so the CPU kernels mark them layout-free; a schedule
+    (a rule's or a tuning record's, ``RewriteLayout``) may then pick the weight layout that suits its
+    loop nest, and the rewrite is done once at compile time (``weight_prepack_passes``), not on every
+    inference. ``channels_last``: convolutions (and the elementwise and pooling operators between them)
+    work on NHWC activations, the model's NCHW input and output transposed once at its ends. Channels
+    are the axis SIMD lanes fill best: a depthwise or strided convolution in NCHW vectorizes along a row
+    of 7-112 pixels (strided loads for stride 2), in NHWC along 16-1280 contiguous channels
+    (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
+    0.40 ms in NCHW).
+    """
+    from tvm import relax
+
+    cpu = _cpu_passes()
+    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if weight_prepack else []
+    layout = [_channels_last()] if channels_last else []
+    # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
+    legalize = [fold_constant_calls() if p.info.name == "FoldConstant" else p for p in cpu.legalize_passes(target)]
+    return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
+
+
+def _channels_last():
+    """TVM's ``ConvertLayout`` to NHWC convolutions, or the model as it is where TVM's layout inference
+    fails on one of its operators (e.g. ONNX MaxPool with indices): a layout is a speed choice."""
+    import tvm
+    from tvm import relax
+
+    convert = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgepackChannelsLast")
+    def _pass(mod, _ctx):
+        try:
+            return convert(mod)
+        except Exception as exc:  # noqa: BLE001 - TVM raises its own errors from layout inference
+            logger.info("kept the model's layout: ConvertLayout failed: %s", first_line(exc))
+            return mod
+
+    return _pass
+
+
+def weight_prepack_passes() -> list:
+    """After scheduling: split each kernel's weight-layout rewrite into its own function and fold it
+    into the constant weights (so it never runs on the device)."""
+    from tvm import relax
+
+    return [_split_layout_rewrites(), fold_constant_calls()]
+
+
+def _split_layout_rewrites():
+    """TVM's ``SplitLayoutRewritePreproc`` on the kernels that rewrite a weight layout. The pass fails
+    on kernels written without blocks (TOPI's sort and top-k), which it has nothing to do with, so
+    those are set aside while it runs."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax, s_tir, tirx
+
+    split = relax.transform.SplitLayoutRewritePreproc()
+
+    def rewrites_a_layout(func) -> bool:
+        found = []
+        tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: found.append(
+            "meta_schedule.layout_rewrite_preproc" in b.annotations))], order="pre")
+        return any(found)
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgepackSplitLayoutRewrites")
+    def _pass(mod, _ctx):
+        aside = {gvar: func for gvar, func in mod.functions_items()
+                 if isinstance(func, tirx.PrimFunc) and not rewrites_a_layout(func)}
+        if len(aside) == len([f for _g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]):
+            return mod
+        kept = tvm.IRModule({g: f for g, f in mod.functions_items() if g not in aside}, attrs=mod.attrs)
+        result = split(kept)
+        for gvar, func in aside.items():
+            result[gvar] = func
+        return result
+
+    return _pass
+
+
+def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None,
+                 *, weight_prepack: bool = True, channels_last: bool = True):
+    """The pipeline (a module pass) and the names of what can schedule a kernel in it.
+
+    ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none". Untuned
+    builds work channels-last with prepacked weights; a tuned build uses the layout its records were
+    tuned with (older tuning directories: NCHW, the model's weight layout)."""
+    import tvm
+    from tvm import relax
+
+    if records is not None:
+        weight_prepack, channels_last = records.weight_prepack, records.channels_last
+    cpu = _cpu_passes()
+    rules = default_rules()
+    tuned = []
+    if records is not None:
+        note_before, note_after = note_tuned_pass(record)
+        tuned = [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False), note_after]
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgepackCpuPipeline")
+    def _pipeline(mod, _ctx):
+        with target, (records.database if records is not None else contextlib.nullcontext()):
+            seq = tvm.transform.Sequential([
+                *prepare_passes(target, weight_prepack, channels_last),
+                *tuned,
+                recording_schedule_pass(rules, record),
+                *(weight_prepack_passes() if weight_prepack else []),
+                *cpu.dataflow_lower_passes(target),
+                *cpu.finalize_passes(target),
+            ])
+            return seq(mod)
+
+    names = tuple(rule_name(r) for r in rules)
+    return _pipeline, (("tuned", *names) if records is not None else names)
+
+
+def describe_pipeline(records: Any) -> str:
+    return "cpu (edgepack rules" + (", tuned)" if records is not None else ")")

@@ -1,0 +1,203 @@
+"""How a fused kernel is built: its one reduction block, the blocks after it, and the roles of the
+reduction's iteration variables. The rules decide from this whether a kernel is theirs.
+
+Kernels come straight from TVM's legalisation and fusion, so every block's iteration variables are bound
+one to one to its loops (``T.axis.remap``); a kernel in another form is left to the next rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+from typing import Any
+
+
+@dataclass
+class Read:
+    buffer: Any
+    indices: list[Any]  # one index expression per dimension
+
+
+@dataclass
+class Anatomy:
+    """The reduction block of a kernel and what is known of its iteration variables (by position)."""
+
+    block: Any  # the reduction block (its producers already inlined into it)
+    after: list[Any]  # blocks after it (bias, activation, residual add...)
+    pads: list[Any]  # padding blocks before it (every other producer is inlined into it)
+    iter_vars: list[Any]
+    spatial: list[int]  # positions of data-parallel iteration variables
+    reduce: list[int]  # positions of reduction variables
+    extents: list[int]
+    output_axes: list[int | None]  # per output dimension, the variable indexing it (None: an expression)
+    reads: list[Read]  # what the reduction reads, its own output excluded
+    dtype_bits: int  # the accumulator's width
+
+    def vars_in(self, expr) -> set[int]:
+        """Positions of the iteration variables that ``expr`` uses."""
+        import tvm_ffi
+        from tvm import tirx
+
+        found: set[int] = set()
+
+        def visit(node):
+            for k, iv in enumerate(self.iter_vars):
+                if node.same_as(iv.var):
+                    found.add(k)
+
+        tvm_ffi.structural_walk(expr, [(tirx.Var, visit)], order="pre")
+        return found
+
+    @property
+    def window(self) -> bool:
+        """Some read index adds a spatial and a reduction variable: a convolution or pooling window
+        (of any size: a 1x1 convolution's window variables have extent 1)."""
+        spatial, reduce = set(self.spatial), set(self.reduce)
+        return any((found := self.vars_in(index)) & spatial and found & reduce
+                   for read in self.reads for index in read.indices)
+
+    @property
+    def channel_reduction(self) -> int:
+        """How many terms the reduction sums besides its window: the input channels of a convolution
+        (1 for a depthwise one, whose window is all it reduces)."""
+        windowed: set[int] = set()
+        for read in self.reads:
+            for index in read.indices:
+                found = self.vars_in(index)
+                if found & set(self.spatial):
+                    windowed |= found
+        size = 1
+        for k in self.reduce:
+            if k not in windowed:
+                size *= self.extents[k]
+        return size
+
+    @property
+    def vector_axis(self) -> int | None:
+        """The variable of the innermost output dimension longer than 1: SIMD lanes run along it."""
+        for var in reversed(self.output_axes):
+            if var is not None and self.extents[var] > 1:
+                return var
+        return None
+
+    @property
+    def register_axis(self) -> int | None:
+        """The variable of the next output dimension longer than 1: a register tile repeats along it."""
+        vector, seen = self.vector_axis, False
+        for var in reversed(self.output_axes):
+            if var is not None and var == vector:
+                seen = True
+            elif seen and var is not None and self.extents[var] > 1:
+                return var
+        return None
+
+    def contiguous_in(self, read: Read, var: int) -> bool:
+        """Whether ``var`` indexes the read's innermost dimension (consecutive values, adjacent elements)."""
+        return bool(read.indices) and var in self.vars_in(read.indices[-1])
+
+    def group_size(self, var: int) -> int | None:
+        """For a grouped convolution the input channel is ``out_channel // group_size * ...``: SIMD lanes
+        along the output channels must not cross a group. The group size, if reads divide ``var``."""
+        import tvm_ffi
+        from tvm import tirx
+
+        target = self.iter_vars[var].var
+        size = 0
+
+        def visit(node):
+            nonlocal size
+            if isinstance(node.b, tirx.IntImm):
+                uses: list[bool] = []
+                tvm_ffi.structural_walk(node.a, [(tirx.Var, lambda v: uses.append(v.same_as(target)))],
+                                        order="pre")
+                if any(uses):
+                    size = gcd(size, int(node.b.value))
+
+        for read in self.reads:
+            for index in read.indices:
+                tvm_ffi.structural_walk(index, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)], order="pre")
+        return size or None
+
+
+def child_blocks(sch) -> list[Any]:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def is_spatial(sch, block) -> bool:
+    from tvm import tirx
+
+    return all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
+
+
+def _is_padding(sch, block) -> bool:
+    """A spatial block that copies its input or a constant at the border (``T.if_then_else``)."""
+    import tvm
+    from tvm import tirx
+
+    stmt = sch.get(block)
+    if not is_spatial(sch, block) or not isinstance(stmt.body, tirx.BufferStore):
+        return False
+    value = stmt.body.value
+    return isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") == "tirx.if_then_else"
+
+
+def static_extent(sch, loop) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent.value) if hasattr(extent, "value") else None
+
+
+def trivially_bound(sch, block) -> bool:
+    """Each iteration variable is bound to one loop of the same, static extent, in loop order."""
+    loops = sch.get_loops(block)
+    ivars = sch.get(block).iter_vars
+    if len(loops) != len(ivars):
+        return False
+    for loop, iv in zip(loops, ivars):
+        extent = static_extent(sch, loop)
+        if extent is None or not hasattr(iv.dom.extent, "value") or extent != int(iv.dom.extent.value):
+            return False
+    return True
+
+
+def reduction_anatomy(sch) -> Anatomy | None:
+    """The anatomy of a kernel with exactly one reduction block, its producers inlined into it.
+
+    None for kernels of another shape: no or several reductions, producers that cannot be inlined,
+    symbolic extents."""
+    from tvm import tirx
+
+    blocks = child_blocks(sch)
+    reductions = [i for i, b in enumerate(blocks) if not is_spatial(sch, b)]
+    if len(reductions) != 1:
+        return None
+    index = reductions[0]
+    block = blocks[index]
+    pads = []
+    for producer in blocks[:index]:
+        if _is_padding(sch, producer):
+            pads.append(producer)
+            continue
+        try:
+            sch.compute_inline(producer)
+        except Exception:  # noqa: BLE001 - a producer read twice or in another shape: not this form
+            return None
+    if not trivially_bound(sch, block):
+        return None
+    stmt = sch.get(block)
+    ivars = list(stmt.iter_vars)
+    spatial = [k for k, iv in enumerate(ivars) if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [k for k, iv in enumerate(ivars) if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(spatial) + len(reduce) != len(ivars) or not spatial or not reduce:
+        return None
+
+    def var_of(expr) -> int | None:
+        return next((k for k, iv in enumerate(ivars) if expr.same_as(iv.var)), None)
+
+    output = stmt.writes[0]
+    return Anatomy(
+        block=block, after=list(blocks[index + 1:]), pads=pads, iter_vars=ivars, spatial=spatial, reduce=reduce,
+        extents=[int(iv.dom.extent.value) for iv in ivars],
+        output_axes=[var_of(r.min) for r in output.region],
+        reads=[Read(r.source, [x.min for x in r.region]) for r in stmt.reads if not r.source.same_as(output.source)],
+        dtype_bits=int(output.source.dtype.bits),
+    )

@@ -1,0 +1,40 @@
+"""What a CPU target offers the schedule rules: SIMD width and how many vector registers hold accumulators.
+
+Read from the target's LLVM features, never from this machine (a build for a Raspberry Pi is made on an
+x86 host). ``tvm.target.codegen.llvm_get_vector_width`` reports this machine's width for every x86 target,
+including a plain ``llvm`` target whose code LLVM limits to SSE2, so the width comes from the features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    arch: str  # "x86_64", "aarch64", "arm"
+    vector_bits: int  # 128 (SSE, NEON), 256 (AVX2), 512 (AVX-512)
+    vector_registers: int  # architectural SIMD registers: 16 or 32
+
+    @classmethod
+    def of(cls, target: Any) -> CpuInfo:
+        from tvm.target import codegen
+
+        features = {str(f) for f in codegen.llvm_get_cpu_features(target)}
+        triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
+        if triple.startswith(("aarch64", "arm64")):
+            return cls("aarch64", 128, 32)
+        if triple.startswith(("arm", "thumb")):
+            return cls("arm", 128 if "neon" in features else 32, 16)
+        bits = 512 if "avx512f" in features else 256 if "avx" in features else 128
+        return cls("x86_64", bits, 32 if bits == 512 else 16)
+
+    def lanes(self, dtype_bits: int) -> int:
+        """Elements of ``dtype_bits`` in one vector register."""
+        return max(1, self.vector_bits // max(1, dtype_bits))
+
+    @property
+    def accumulators(self) -> int:
+        """Vector registers a register tile may keep as accumulators: the rest hold its operands."""
+        return self.vector_registers - max(4, self.vector_registers // 4)

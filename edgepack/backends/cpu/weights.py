@@ -1,0 +1,103 @@
+"""Kernels applied to constants (weight layout transforms, a schedule's weight prepacking), run once at
+compile time.
+
+Channels-last convolutions transpose their weights (OIHW to OHWI), and a schedule that reorders a
+layout-free weight (``RewriteLayout``: a default rule's or a tuning record's) leaves a copy loop that
+``SplitLayoutRewritePreproc`` moves into a ``*_weight_prepack`` function called on the constants.
+TVM's ``FoldConstant`` compiles and runs each such call on its own, about 0.1-0.2 s each (8.7 of 18 s
+for MobileNetV2's build); this pass compiles all of them as one library for this machine, runs each
+once and puts the results in their place, round after round while folding makes new constants.
+"""
+
+from __future__ import annotations
+
+MAX_ROUNDS = 8  # chains of kernels on constants (transpose, then reshape...) are short
+
+
+def fold_constant_calls():
+    """A module pass: every ``call_tir`` whose arguments are all constants becomes its result."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    def constant_calls(mod) -> list[tuple[relax.Call, list]]:
+        """Calls whose arguments are constants, directly or through bindings, with those constants.
+        (Kernels of the same shapes share one function: calls, not functions, are folded.)"""
+        found = []
+        for _gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            known: dict = {}  # var -> a tensor or a list of tensors
+
+            def resolve(expr):
+                if isinstance(expr, tvm.ir.expr.Constant) and hasattr(expr.value, "numpy"):
+                    return expr.value
+                if isinstance(expr, relax.Var):
+                    return known.get(expr)
+                if isinstance(expr, relax.Tuple):
+                    fields = [resolve(f) for f in expr.fields]
+                    return fields if all(f is not None and not isinstance(f, list) for f in fields) else None
+                if isinstance(expr, relax.TupleGetItem):
+                    whole = resolve(expr.tuple_value)
+                    return whole[expr.index] if isinstance(whole, list) else None
+                return None
+
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    value = binding.value
+                    if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
+                            and isinstance(value.args[0], tvm.ir.GlobalVar):
+                        args = resolve(value.args[1])
+                        if args is not None:
+                            found.append((value, args))
+                        continue
+                    resolved = resolve(value)
+                    if resolved is not None:
+                        known[binding.var] = resolved
+        return found
+
+    def evaluate(mod, calls: list[tuple[relax.Call, list]]) -> list[tuple[relax.Call, list]]:
+        names = {call.args[0].name_hint for call, _args in calls}
+        funcs = {name: mod[name].with_attr("global_symbol", name) for name in names}
+        library = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target({"kind": "llvm"})).jit()
+        device = tvm.cpu(0)
+        results = []
+        for call, args in calls:
+            name = call.args[0].name_hint
+            out_types = call.ty
+            fields = list(out_types.fields) if isinstance(out_types, relax.TupleType) else [out_types]
+            outputs = [tvm.runtime.empty([int(d) for d in t.shape.values], t.dtype, device) for t in fields]
+            library[name](*args, *outputs)
+            results.append((call, outputs))
+        return results
+
+    @mutator
+    class _Replace(PyExprMutator):
+        def __init__(self, mod, results):
+            super().__init__(mod)
+            self.results = results
+
+        def visit_call_(self, call):
+            for folded, tensors in self.results:
+                if folded.same_as(call):
+                    constants = [relax.const(t) for t in tensors]
+                    return relax.Tuple(constants) if isinstance(call.ty, relax.TupleType) else constants[0]
+            return super().visit_call_(call)
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgepackFoldConstantCalls")
+    def _fold(mod, _ctx):
+        for _round in range(MAX_ROUNDS):
+            calls = constant_calls(mod)
+            if not calls:
+                break
+            replace = _Replace(mod, evaluate(mod, calls))
+            for gvar, func in mod.functions_items():
+                if isinstance(func, relax.Function):
+                    replace.builder_.update_func(gvar, replace.visit_expr(func))
+            mod = replace.builder_.get()
+        # what is left to fold is Relax-level (tuples of constants...), nothing to compile
+        return relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(mod))
+
+    return _fold

@@ -1,0 +1,92 @@
+"""Default schedules rule by rule, with what scheduled each fused function written down.
+
+TVM's ``dlight.ApplyDefaultSchedule`` applies the first rule that takes a function and forgets which;
+edgepack's copy records it (``{function: "cpu.Conv2D"}``, ``"tuned"``, ``"none"``) so that a build's
+schedule report names every function and a kernel no rule took is never a silent slow path.
+Both the CPU and the GPU backends build their reports from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+logger = logging.getLogger("edgepack.schedules")
+
+
+def rule_name(rule) -> str:
+    """``gpu.Matmul`` for dlight's rules, ``cpu.Conv2D`` for edgepack's: the family and the class."""
+    explicit = getattr(rule, "rule_name", None)
+    if explicit:
+        return explicit
+    module = type(rule).__module__
+    family = module.split(".dlight.")[-1].split(".")[0] if ".dlight." in module else module
+    return f"{family}.{type(rule).__name__}"
+
+
+def is_scheduled(func) -> bool:
+    return func.attrs is not None and "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1
+
+
+def recording_schedule_pass(rules: Sequence, record: dict[str, str],
+                            unscheduled: Callable[[object], str] = lambda _func: "none"):
+    """``ApplyDefaultSchedule(*rules)`` that writes into ``record`` which rule took each function.
+
+    Functions already scheduled (tuning records, TVM's own) are recorded as ``pre-scheduled`` unless
+    ``record`` already names them; a function no rule takes is recorded as ``unscheduled(func)``."""
+    import tvm
+    from tvm import tirx
+
+    @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
+    class RecordingApplyDefaultSchedule:
+        def transform_module(self, mod, _ctx):
+            updated = {}
+            for gvar, func in mod.functions_items():
+                if not isinstance(func, tirx.PrimFunc):
+                    continue
+                name = gvar.name_hint
+                if is_scheduled(func):
+                    record.setdefault(name, "pre-scheduled")
+                    continue
+                target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
+                for rule in rules:
+                    try:
+                        space = rule.apply(func, target, False)
+                    except Exception as exc:  # noqa: BLE001  a rule that cannot handle the function's form
+                        logger.debug("%s failed on %s: %s", rule_name(rule), name, exc)
+                        space = None
+                    if space is None:
+                        continue
+                    sch = space if not isinstance(space, list) else space[0]
+                    updated[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    record[name] = rule_name(rule)
+                    break
+                else:
+                    record[name] = unscheduled(func)
+            for gvar, func in updated.items():
+                mod[gvar] = func
+            return mod
+
+    return RecordingApplyDefaultSchedule()
+
+
+def note_tuned_pass(record: dict[str, str]):
+    """A pair of passes around MetaSchedule's ``ApplyDatabase``: functions it scheduled are "tuned"."""
+    import tvm
+    from tvm import tirx
+
+    before: set[str] = set()
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_scheduled")
+    def note_before(mod, _ctx):
+        before.update(g.name_hint for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and is_scheduled(f))
+        return mod
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_note_tuned")
+    def note_after(mod, _ctx):
+        for gvar, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and gvar.name_hint not in before and is_scheduled(func):
+                record[gvar.name_hint] = "tuned"
+        return mod
+
+    return note_before, note_after
