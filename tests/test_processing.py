@@ -313,3 +313,23 @@ def test_manifest_inspect_and_c_header_describe_the_processing(builds):
     assert "NV21 camera frame" in text and f"compiled in: {pre}" in text
     header = model_header(read_manifest(build))
     assert "#define EDGEPACK_MODEL_INPUT_FRAME_HEIGHT 30" in header and "--preprocess " + pre in header
+
+
+def test_cli_compiles_validates_and_inspects_with_processing(tmp_path):
+    model = onnx_detector(tmp_path / "detector.onnx")
+    settings = tmp_path / "frames.toml"
+    settings.write_text('[input]\nimage = "bgr8"\nsize = [72, 96]\nresize = "nearest"\nmean = 127.5\nstd = 127.5\n')
+    out = tmp_path / "build"
+    result = run_cli("compile", str(model), "-p", "host", "-o", str(out), "--preprocess", str(settings),
+                     "--postprocess", "boxes,scores=nms:iou=0.5,score=0.55,max=8,boxes=cxcywh", "--json", check=True)
+    data = json.loads(result.stdout)
+    assert data["inputs"] == [{"name": "input", "dtype": "uint8", "shape": [72, 96, 3]}]
+    assert data["processing"]["preprocess"][0]["spec"] == \
+        "input=image:bgr8,size=72x96,resize=nearest,mean=127.5,std=127.5"
+    report = json.loads(run_cli("validate", str(out), "--json", check=True).stdout)
+    assert report["passed"] and report["inputs"] == "random frames (seed 0) and a test picture"
+    assert [o["name"] for o in report["outputs"]] == ["detection_boxes", "detection_scores", "detection_classes",
+                                                      "num_detections"]
+    text = run_cli("compile", str(model), "-p", "host", "-o", str(tmp_path / "b2"), "--postprocess",
+                   "scores=softmax+topk:2", check=True).stdout
+    assert "scores_indices int32 [1, 64, 2]" in text
