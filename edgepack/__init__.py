@@ -36,7 +36,8 @@ from edgepack.versions import __version__
 
 __all__ = [
     "AndroidPackage", "BenchResult", "BuildManifest", "CBundle", "CompileResult", "EdgepackError", "ImagePreprocess",
-    "KernelListing", "ModelInfo", "ModelInspection", "NmsPostprocess", "OutputPostprocess", "Profile", "TuningResult", "TuningSummary", "ValidationReport", "__version__",
+    "KernelListing", "ModelInfo", "ModelInspection", "NmsPostprocess", "OutputPostprocess", "Profile", "TuningResult",
+    "TuningSummary", "ValidationReport", "__version__",
     "bench", "compile", "get_profile", "inspect", "kernels", "list_profiles", "load_tuning", "package_android",
     "package_c", "parse_input_shapes", "read_bundle", "read_manifest", "run_bundle", "tune", "validate",
 ]

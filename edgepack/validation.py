@@ -146,5 +146,5 @@ def validate(
     reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
     if plan is not None:
         reference += " with the processing as ONNX (pre) and NumPy (post)"
-    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, merge(compared), time.perf_counter() - started,
-                            fed)
+    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, merge(compared),
+                            time.perf_counter() - started, fed)

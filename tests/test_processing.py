@@ -61,7 +61,8 @@ def test_the_issue_example_parses_resolves_and_round_trips():
     assert (frame.layout, frame.channels, frame.height, frame.width) == ("nchw", 3, 224, 224)
     assert frame.sources == (2, 1, 0)  # bgr frame -> rgb model
     assert plan.inputs == (TensorSpec("input", "uint8", (480, 640, 3)),)
-    assert plan.results == (TensorSpec("logits_indices", "int32", (1, 5)), TensorSpec("logits_scores", "float32", (1, 5)))
+    assert plan.results == (TensorSpec("logits_indices", "int32", (1, 5)),
+                            TensorSpec("logits_scores", "float32", (1, 5)))
     assert ProcessingPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     assert "resized bilinear (half-pixel centres) to 224x224" in plan.describe("input")
 
@@ -178,7 +179,8 @@ def test_numpy_nms_selects_what_onnx_runtime_selects(box_format):
     graph = helper.make_graph([node], "nms", [
         helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, n, 4]),
         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 1, n]),
-        helper.make_tensor_value_info("m", TensorProto.INT64, [1]), helper.make_tensor_value_info("i", TensorProto.FLOAT, [1]),
+        helper.make_tensor_value_info("m", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("i", TensorProto.FLOAT, [1]),
         helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("sel", TensorProto.INT64, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -234,7 +236,8 @@ def builds(tmp_path_factory):
 
 
 FRAME_CASES = {
-    "rgb8-nchw-bilinear-down": ((1, 3, 24, 32), "input=image:rgb8,size=61x83,mean=123.7/116.3/103.5,std=58.4/57.1/57.4"),
+    "rgb8-nchw-bilinear-down": ((1, 3, 24, 32),
+                                "input=image:rgb8,size=61x83,mean=123.7/116.3/103.5,std=58.4/57.1/57.4"),
     "bgr8-nhwc-nearest": ((1, 24, 32, 3), "input=image:bgr8,size=60x80,resize=nearest,mean=127.5,std=127.5"),
     "rgba8-nchw-none-bgr-model": ((1, 3, 24, 32), "input=image:rgba8,order=bgr"),
     "gray8-to-color-bilinear-up": ((1, 3, 24, 32), "input=image:gray8,size=10x14,mean=0.5"),

@@ -22,9 +22,9 @@ from edgepack.processing.settings import ImagePreprocess, NmsPostprocess, Output
 
 __all__ = [
     "FramePlan", "ImagePreprocess", "NmsPlan", "NmsPostprocess", "OutputPlan", "OutputPostprocess",
-    "PostprocessLike", "PreprocessLike", "ProcessingPlan", "ReferenceRun", "encode_frame", "manifest_plan",
-    "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames",
-    "plan_processing", "processed_model", "build_program", "random_frames", "run_processed_reference", "synthetic_picture",
+    "PostprocessLike", "PreprocessLike", "ProcessingPlan", "ReferenceRun", "build_program", "encode_frame",
+    "manifest_plan", "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames",
+    "plan_processing", "processed_model", "random_frames", "run_processed_reference", "synthetic_picture",
 ]
 
 

@@ -68,7 +68,8 @@ def nms_select_kernel(batch: int, count: int, classes: int, per_class: int, iou_
     score_t = T.float32(score_threshold)
 
     @T.prim_func(private=True, s_tir=True)
-    def nms_select(corners: T.Buffer((batch, count, 4), "float32"), scores: T.Buffer((batch, count, classes), "float32"),
+    def nms_select(corners: T.Buffer((batch, count, 4), "float32"),
+                   scores: T.Buffer((batch, count, classes), "float32"),
                    index: T.Buffer((batch, classes, per_class), "int32"),
                    score: T.Buffer((batch, classes, per_class), "float32"),
                    state: T.Buffer((batch, classes, count), "int32")):
@@ -121,7 +122,8 @@ def nms_merge_kernel(batch: int, count: int, classes: int, per_class: int, limit
     class's list is already best first, so this is a merge of sorted lists (``heads``: scratch)."""
 
     @T.prim_func(private=True, s_tir=True)
-    def nms_merge(corners: T.Buffer((batch, count, 4), "float32"), index: T.Buffer((batch, classes, per_class), "int32"),
+    def nms_merge(corners: T.Buffer((batch, count, 4), "float32"),
+                  index: T.Buffer((batch, classes, per_class), "int32"),
                   score: T.Buffer((batch, classes, per_class), "float32"),
                   out_boxes: T.Buffer((batch, limit, 4), "float32"), out_scores: T.Buffer((batch, limit), "float32"),
                   out_classes: T.Buffer((batch, limit), "int32"), out_count: T.Buffer((batch,), "int32"),

@@ -83,7 +83,8 @@ class OutputPlan:
         k = self.setting.topk
         if k is not None:
             if name.endswith("_indices"):
-                return f"indices of the top {k} of {what}{self.model.name!r} (last axis), best first (ties: lower index)"
+                return (f"indices of the top {k} of {what}{self.model.name!r} (last axis), best first "
+                        "(ties: lower index)")
             return f"the top {k} values of {what}{self.model.name!r}, best first"
         if self.setting.argmax:
             return f"index of the largest value of {what}{self.model.name!r} (last axis; ties: lower index)"
@@ -237,7 +238,8 @@ def _plan_frame(s: ImagePreprocess, model: TensorSpec) -> FramePlan:
         raise ProcessingError(f"{where}: the model input {model.name!r} {_shape(shape)} ({layout.upper()}) has "
                               f"{channels} channels.", "Frames feed models with 1 (gray) or 3 (color) channels.")
     if channels == 1 and s.format != "gray8":
-        raise ProcessingError(f"{where}: the model input {model.name!r} has one channel, but the frames are {s.format}.",
+        raise ProcessingError(f"{where}: the model input {model.name!r} has one channel, but the frames are "
+                              f"{s.format}.",
                               "Feed one-channel models with gray8 frames.")
     frame_height, frame_width = s.size or (height, width)
     resize = s.resize or ("none" if (frame_height, frame_width) == (height, width) else "bilinear")
@@ -260,7 +262,8 @@ def _plan_frame(s: ImagePreprocess, model: TensorSpec) -> FramePlan:
     if channels == 1:
         sources: tuple[int, ...] = (0,)
     else:
-        rgb = {"rgb8": (0, 1, 2), "rgba8": (0, 1, 2), "bgr8": (2, 1, 0), "gray8": (0, 0, 0), "nv21": (0, 1, 2)}[s.format]
+        rgb = {"rgb8": (0, 1, 2), "rgba8": (0, 1, 2), "bgr8": (2, 1, 0), "gray8": (0, 0, 0),
+               "nv21": (0, 1, 2)}[s.format]
         sources = rgb if s.order == "rgb" else rgb[::-1]
     if s.format == "nv21":
         frame_shape: tuple[int, ...] = (frame_height * 3 // 2, frame_width)
