@@ -139,6 +139,12 @@ def test_c_runner_reads_a_uint8_npy_frame(processed, tmp_path):
     bundle = package_c(build, tmp_path / "c")
     header = (bundle.output_dir / "include" / "edgepack_model.h").read_text()
     assert "#define EDGEPACK_MODEL_INPUT_FRAME_HEIGHT 480" in header and "logits_indices  int32 [1, 5]" in header
+    program = tmp_path / "uses_header.c"
+    program.write_text('#include "edgepack.h"\n#include "edgepack_model.h"\n'
+                       "int main(void) { return EDGEPACK_MODEL_INPUT_FRAME_BYTES == 480 * 640 * 3 "
+                       "&& EDGEPACK_MODEL_OUTPUT_LOGITS_SCORES == 1 ? 0 : 1; }\n")
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{bundle.output_dir / 'include'}",
+                    str(program)], check=True, capture_output=True)
     plan = manifest_plan(read_manifest(build))
     frame = picture_frames(plan)["input"]
     expected = _reference(build, frame)
