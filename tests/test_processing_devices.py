@@ -107,6 +107,11 @@ def test_processed_models_validate_on_opencl(processed, opencl_device, case):
     names = [f["name"] for f in gpu["functions"]]
     assert any(n.startswith("fused_frame_pixels") for n in names), names  # the pre-processing: one kernel
     _check(build, "host-opencl")
+    if case == "detector-nms":  # the static C bundle compiles the processed program again: one binary here
+        bundle = package_c(build, build.parent / f"{build.name}-c", force=True)
+        frames = random_frames(manifest_plan(read_manifest(build)), seed=3)
+        outputs = run_bundle(bundle.output_dir, frames, emulate=False, static=True).outputs
+        _assert_matches(build, outputs, _reference(build, frames["input"]))
 
 
 @pytest.mark.slow
