@@ -101,6 +101,7 @@ def validate(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     inventory: Path | str | None = None,
+    threads: int | None = None,
     progress: Progress | None = None,
 ) -> ValidationReport:
     """Run the build ``on`` a place and compare every output with the reference runtime.
@@ -110,6 +111,7 @@ def validate(
     ``inputs``: an ``.npz`` path or arrays by input name (default: seeded random inputs; a build with
     pre-processing gets random frames and then a test picture, both compared). The report says per
     output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch.
+    ``threads``: CPU threads for the build's parallel kernels (None: ``$TVM_NUM_THREADS``, else every core).
 
     A build with processing is compared with an independent reference: the pre-processing as an ONNX
     graph on ONNX Runtime, the original model on its reference runtime, the post-processing in NumPy
@@ -135,7 +137,7 @@ def validate(
     compared = []
     ran_on = ""
     for feeds in runs:
-        actual, ran_on = place.run(build_dir, manifest, feeds, progress=progress)
+        actual, ran_on = place.run(build_dir, manifest, feeds, threads=threads, progress=progress)
         if plan is None:
             expected = run_reference(build_dir / manifest.model_file, manifest.model_format, feeds, manifest.outputs)
         else:

@@ -218,6 +218,12 @@ class Backend(ABC):
         """Relax passes up to the fused, unscheduled TIR kernels that tuning tasks are made of."""
         raise EdgepackError(f"{self.label} builds cannot be tuned.")
 
+    def default_schedule(self, mod: Any, target: Any) -> tuple[str, Any] | None:
+        """What an untuned build runs for a tuning task's kernel (``mod["main"]``): (the rule's name, the
+        ``tvm.s_tir.Schedule``), measured first so that a tuned build never runs a slower kernel. None
+        when the backend has no default schedules of its own."""
+        return None
+
     def search_spaces(self, target: Any) -> list[tuple[str, Any]]:
         """MetaSchedule search spaces to try, in order, per tuning task: [(label, space generator)]."""
         return [("default", "post-order-apply")]

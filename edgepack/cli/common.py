@@ -17,9 +17,16 @@ InputShapeOption = Annotated[
 InventoryOption = Annotated[
     Path | None,
     typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", metavar="PATH",
-                 help="Device inventory (TOML) [default: ~/.config/edgepack/devices.toml]."),
+                 help="Device inventory (TOML) \\[default: ~/.config/edgepack/devices.toml]."),
 ]
 
 
 def print_json(data) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
+
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option("--threads", "-t", min=1, metavar="N",
+                 help="CPU threads for the model's parallel kernels \\[default: $TVM_NUM_THREADS, else every core; "
+                      "on a device, its RPC server's own setting]."),
+]

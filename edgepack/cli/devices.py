@@ -10,7 +10,7 @@ import typer
 
 import edgepack
 from edgepack.cli import render, render_devices
-from edgepack.cli.common import InventoryOption, JsonOption, print_json
+from edgepack.cli.common import InventoryOption, JsonOption, ThreadsOption, print_json
 from edgepack.devices.check import check_device
 from edgepack.devices.deploy import endpoint_for, scan_device_key, trust_device, trusted_device_keys
 from edgepack.devices.farm import farm_status as status_of
@@ -35,7 +35,7 @@ def device_add(
     host: Annotated[str, typer.Option("--host", help="Host name or IP address of the device.")],
     user: Annotated[str, typer.Option("--user", help="SSH user on the device.")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="Device profile (see `edgepack profiles`).")],
-    key: Annotated[str | None, typer.Option("--key", help="SSH private key [default: the SSH agent / ~/.ssh keys].")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="SSH private key \\[default: the SSH agent / ~/.ssh keys].")] = None,
     port: Annotated[int, typer.Option("--port", help="SSH port.")] = 22,
     rpc_port: Annotated[int, typer.Option("--rpc-port", help="Port of the RPC server on the device's loopback.")] = 9090,
     rpc_server: Annotated[str, typer.Option("--rpc-server", help="edgepack (no Python on the device), or python[:PATH] "
@@ -72,7 +72,7 @@ def device_list(
 
 @device_app.command("check")
 def device_check(
-    names: Annotated[list[str] | None, typer.Argument(help="Devices to check [default: all].")] = None,
+    names: Annotated[list[str] | None, typer.Argument(help="Devices to check \\[default: all].")] = None,
     install: Annotated[bool, typer.Option("--install/--no-install", help="Install or update the runtime and RPC "
                                                                         "server when needed.")] = True,
     inventory: InventoryOption = None,
@@ -212,13 +212,14 @@ def bench(
     reconnect_window: Annotated[float, typer.Option("--reconnect-window", help="Seconds a device that dropped out "
                                                                             "(e.g. rebooting) may take to come back "
                                                                             "before the benchmark gives up.")] = 30.0,
+    threads: ThreadsOption = None,
     inventory: InventoryOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Latency of a build (mean, median, p90, p99, min, max in ms), timed where it runs: here, or on a device over TVM RPC."""
     with render.steps(quiet=as_json) as step:
         results = edgepack.bench(build, on, repeat=repeat, number=number, warmup=warmup, all_devices=all_devices,
-                                 session_timeout=timeout, reconnect_window=reconnect_window, inventory=inventory,
+                                 threads=threads, session_timeout=timeout, reconnect_window=reconnect_window, inventory=inventory,
                                  progress=step)
     failed = [r for r in results if isinstance(r, EdgepackError)]
     if as_json:

@@ -12,7 +12,7 @@ import typer
 import edgepack
 from edgepack.cli import render
 from edgepack.cli.android import package_android_command
-from edgepack.cli.common import InputShapeOption, JsonOption, print_json
+from edgepack.cli.common import InputShapeOption, JsonOption, ThreadsOption, print_json
 from edgepack.cli.devices import bench, device_app, farm_app
 from edgepack.cli.tuning import tune, tuning_app
 from edgepack.doctor import run_checks
@@ -80,7 +80,7 @@ def inspect(
 def compile_(
     model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model.")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="Device profile (see `edgepack profiles`).")] = "rpi4",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Build directory [default: build/PROFILE].")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Build directory \\[default: build/PROFILE].")] = None,
     input_shape: InputShapeOption = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
     ndk: Annotated[str | None, typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
@@ -128,18 +128,19 @@ def compile_(
 def validate(
     build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
     on: Annotated[str, typer.Option("--on", help="Where to run the build: host, host-opencl / host-vulkan (GPU builds on this machine's OpenCL / Vulkan), emulator (the C runner under qemu-user), a device NAME, or farm:PROFILE.")] = "host",
-    inventory: Annotated[Path | None, typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", help="Device inventory [default: ~/.config/edgepack/devices.toml].")] = None,
-    inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", help="Device inventory \\[default: ~/.config/edgepack/devices.toml].")] = None,
+    inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name \\[default: seeded random].")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,
     atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-4,
     rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-3,
+    threads: ThreadsOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run a build and compare every output with ONNX Runtime / LiteRT. Exits 1 on mismatch."""
     with render.steps(quiet=as_json) as step:
         step(f"Running {build} on {on} and the reference")
         report = edgepack.validate(build, on, inputs=inputs, seed=seed, atol=atol, rtol=rtol, inventory=inventory,
-                                   progress=step)
+                                   threads=threads, progress=step)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -161,7 +162,7 @@ app.add_typer(package_app, name="package")
 @package_app.command("c")
 def package_c_command(
     build: Annotated[Path, typer.Argument(help="A build directory made by `edgepack compile`.")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory [default: dist/NAME-c].")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory \\[default: dist/NAME-c].")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -181,7 +182,7 @@ package_app.command("android")(package_android_command)
 @app.command()
 def run(
     bundle: Annotated[Path, typer.Argument(help="A C bundle made by `edgepack package c`.")],
-    inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name [default: seeded random].")] = None,
+    inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name \\[default: seeded random].")] = None,
     emulate: Annotated[bool, typer.Option("--emulate/--native", help="Run under qemu-user (ARM bundles) or natively.")] = True,
     static: Annotated[bool, typer.Option("--static", help="Use the single-file static runner.")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Save the outputs to this .npz.")] = None,

@@ -119,28 +119,34 @@ def tuning_table(summary, title: str | None = None, limit: int | None = None, tr
     meta = summary.meta
     table = Table(title=title or f"Tuning of {meta.model_name} for {meta.profile} ({summary.directory})",
                   title_justify="left")
-    for col in ("task", "weight", "trials", "failed", "best ms", "GFLOP/s", "share"):
+    for col in ("task", "weight", "trials", "failed", "default ms", "best ms", "speed-up", "GFLOP/s", "share"):
         table.add_column(col, justify="left" if col == "task" else "right", no_wrap=col == "task")
     tasks = sorted(summary.tasks, key=lambda t: (-(t.share or 0.0), t.best_seconds is None, t.name))
     candidates = [t for t in tasks if t.trials] if tried_only else tasks
     shown = candidates if limit is None else candidates[:limit]
     for t in shown:
-        table.add_row(t.name, str(t.weight), str(t.trials), str(t.failed) if t.failed else "", _ms(t.best_seconds),
+        speedup = "default" if t.best_seconds is not None and not t.tuned else \
+            (f"{t.speedup:.2f}x" if t.speedup else "-")
+        table.add_row(t.name, str(t.weight), str(t.trials), str(t.failed) if t.failed else "",
+                      _ms(t.default_seconds), _ms(t.best_seconds), speedup,
                       f"{t.gflops:.1f}" if t.gflops else "-", _pct(t.share))
     if len(shown) < len(tasks):
         rest = [t for t in tasks if t not in shown]
         untried = sum(not t.trials for t in rest)
         label = f"… {len(rest)} more" + (f" ({untried} without trials)" if untried else "")
-        table.add_row(label, "", str(sum(t.trials for t in rest)), "", "", "", "")
+        table.add_row(label, "", str(sum(t.trials for t in rest)), "", "", "", "", "", "")
     render.console.print(table)
     estimate = summary.estimated_seconds
     untuned = len(summary.tasks) - summary.tuned_tasks
-    line = (f"{summary.trials} trials over {summary.tuned_tasks}/{len(summary.tasks)} tasks, "
-            f"tuned for {format_duration(summary.seconds)} in {summary.runs} run(s)")
+    line = (f"{summary.trials} trials; {summary.tuned_tasks}/{len(summary.tasks)} tasks have a record faster "
+            f"than their default schedule; tuned for {format_duration(summary.seconds)} in {summary.runs} run(s)")
     if estimate is not None:
         line += f"; sum of kernel times {estimate * 1e3:.2f} ms"
+    defaults = [t.default_seconds * t.weight for t in summary.tasks if t.default_seconds is not None]
+    if len(defaults) == len(summary.tasks) and defaults:
+        line += f" (default schedules: {sum(defaults) * 1e3:.2f} ms)"
     if untuned:
-        line += f"; [yellow]{untuned} task(s) without a valid record keep the untuned schedule[/]"
+        line += f"; {untuned} task(s) keep their default schedule"
     render.console.print(line, highlight=False)
 
 
@@ -176,7 +182,7 @@ def tune(
                                                  "inventory, or farm:PROFILE (every device of the running farm).")] = "host",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Tuning directory; an existing one for the same "
                                                                        "model and target is resumed "
-                                                                       "[default: tuning/PROFILE-MODEL].")] = None,
+                                                                       "\\[default: tuning/PROFILE-MODEL].")] = None,
     trials: Annotated[int, typer.Option("--trials", "-n", help="Total measurements for the directory (earlier runs "
                                                                "count).")] = 1000,
     time_budget: Annotated[str | None, typer.Option("--time-budget", "-t", metavar="DURATION",
@@ -190,7 +196,7 @@ def tune(
                                                                   "for several).")] = None,
     input_shape: InputShapeOption = None,
     num_cores: Annotated[int | None, typer.Option("--num-cores", help="Cores of the device the schedules are for "
-                                                                      "[default: this machine's for host, else the "
+                                                                      "\\[default: this machine's for host, else the "
                                                                       "profile's or 4].")] = None,
     inventory: InventoryOption = None,
     as_json: JsonOption = False,

@@ -12,7 +12,6 @@ it accepts.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from abc import ABC, abstractmethod
@@ -32,6 +31,7 @@ from edgepack.run.emulator import run_on_emulator
 from edgepack.run.host import run_host_library
 from edgepack.run.remote import bench_on_device, bench_on_farm, run_on_device, run_on_farm
 from edgepack.run.results import BenchResult
+from edgepack.run.threads import use_threads_here
 from edgepack.tensors import contiguous, random_inputs
 
 EMULATOR = "emulator"
@@ -46,10 +46,12 @@ class Place(ABC):
 
     @abstractmethod
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        """Run the build once on ``inputs``: its outputs (manifest order) and what ran them."""
+            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        """Run the build once on ``inputs``: its outputs (manifest order) and what ran them.
+        ``threads``: CPU threads for parallel kernels (None: ``$TVM_NUM_THREADS``, else every core)."""
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              threads: int | None = None,
               session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
               progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
         """Time the build here: one result per device (``all_devices``: each device of a farm)."""
@@ -74,9 +76,10 @@ class ThisMachine(Place):
         return built
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
         backend = self._backend(build_dir, manifest)
         device = backend.host_device(log=progress)
+        use_threads_here(threads)
         try:
             return run_host_library(build_dir, manifest, inputs, device), f"this machine: {describe_device(device)}"
         except EdgepackError:
@@ -85,15 +88,17 @@ class ThisMachine(Place):
             raise backend.run_error(exc, build_dir, "this machine") from exc
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              threads: int | None = None,
               session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
               progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
-        """Time ``host/model.so`` here with TVM's ``time_evaluator`` (threads: ``TVM_NUM_THREADS``)."""
+        """Time ``host/model.so`` here with TVM's ``time_evaluator``."""
         import tvm
         from tvm import relax
 
         manifest = read_manifest(build_dir)
         backend = self._backend(build_dir, manifest)
         device = backend.host_device(log=progress)
+        count = use_threads_here(threads)
         started = time.monotonic()
         with quiet_native_stderr():
             executable = tvm.runtime.load_module(str(build_dir / manifest.artifacts["host_library"].path))
@@ -108,10 +113,9 @@ class ThisMachine(Place):
         vm.set_input("main", *args)
         result = vm.time_evaluator("invoke_stateful", device, number=number, repeat=repeat)("main")
         samples = tuple(float(s) * 1000.0 for s in result.results)
-        threads = os.environ.get("TVM_NUM_THREADS")
         return [BenchResult(str(build_dir), "this machine", manifest.profile_name, platform.node(), repeat, number,
                             warmup, samples, time.monotonic() - started, via="local",
-                            ran_on=describe_device(device), threads=int(threads) if threads else None)]
+                            ran_on=describe_device(device), threads=count)]
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,8 @@ class Emulator(Place):
     """The device library under qemu-user (the C runner; no Python involved)."""
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        return run_on_emulator(build_dir, manifest, inputs)
+            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        return run_on_emulator(build_dir, manifest, inputs, threads=threads)
 
 
 @dataclass(frozen=True)
@@ -129,14 +133,16 @@ class OnDevice(Place):
     inventory: Inventory
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        return run_on_device(build_dir, manifest, inputs, self.device, progress=progress)
+            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        return run_on_device(build_dir, manifest, inputs, self.device, threads=threads, progress=progress)
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              threads: int | None = None,
               session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
               progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
-        return [bench_on_device(build_dir, self.device, repeat, number, warmup, session_timeout=session_timeout,
-                                reconnect_window=reconnect_window, progress=progress)]
+        return [bench_on_device(build_dir, self.device, repeat, number, warmup, threads=threads,
+                                session_timeout=session_timeout, reconnect_window=reconnect_window,
+                                progress=progress)]
 
 
 @dataclass(frozen=True)
@@ -145,14 +151,16 @@ class OnFarm(Place):
     inventory: Inventory
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        return run_on_farm(build_dir, manifest, inputs, self.profile, self.inventory, progress=progress)
+            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+        return run_on_farm(build_dir, manifest, inputs, self.profile, self.inventory, threads=threads,
+                           progress=progress)
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
+              threads: int | None = None,
               session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
               progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
         return bench_on_farm(build_dir, self.profile, self.inventory, repeat=repeat, number=number, warmup=warmup,
-                             all_devices=all_devices, session_timeout=session_timeout,
+                             all_devices=all_devices, threads=threads, session_timeout=session_timeout,
                              reconnect_window=reconnect_window, progress=progress)
 
 

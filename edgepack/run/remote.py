@@ -30,6 +30,7 @@ from edgepack.profiles import Profile
 from edgepack.progress import Progress
 from edgepack.run.host import flatten_outputs
 from edgepack.run.results import BenchResult
+from edgepack.run.threads import use_threads_remote
 from edgepack.tensors import contiguous, random_inputs
 from edgepack.text import short
 
@@ -80,7 +81,7 @@ def _load_remote(remote: Any, library: Path, manifest: BuildManifest):
 
 
 def model_runner(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-                 label: str = "the device",
+                 label: str = "the device", threads: int | None = None,
                  progress: Progress | None = None) -> Callable[[Any], tuple[list[np.ndarray], str]]:
     """The operation that runs a build once in an RPC session: its outputs (manifest order) and the device
     that ran them."""
@@ -90,6 +91,7 @@ def model_runner(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.
 
     def op(remote: Any) -> tuple[list[np.ndarray], str]:
         say(progress, f"Running {Path(build_dir).name} on {label}")
+        use_threads_remote(remote, threads)
         vm, dev = _load_remote(remote, library, manifest)
         args = [tvm.runtime.tensor(contiguous(inputs[spec.name]), dev) for spec in manifest.inputs]
         outputs = [np.array(o, copy=True) for o in flatten_outputs(vm["main"](*args))]
@@ -101,7 +103,7 @@ def model_runner(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.
 
 
 def model_timer(build_dir: Path, manifest: BuildManifest, *, repeat: int, number: int, warmup: int,
-                label: str = "the device",
+                label: str = "the device", threads: int | None = None,
                 progress: Progress | None = None) -> Callable[[Any], tuple[list[float], str]]:
     """The operation that times ``main`` of a build in an RPC session: ``repeat`` samples in ms, and the
     device that ran them."""
@@ -114,6 +116,7 @@ def model_timer(build_dir: Path, manifest: BuildManifest, *, repeat: int, number
 
     def op(remote: Any) -> tuple[list[float], str]:
         say(progress, f"Loading {Path(build_dir).name} on {label}")
+        use_threads_remote(remote, threads)
         vm, dev = _load_remote(remote, library, manifest)
         args = [tvm.runtime.tensor(feeds[spec.name], dev) for spec in manifest.inputs]
         if warmup:
@@ -134,7 +137,7 @@ def model_timer(build_dir: Path, manifest: BuildManifest, *, repeat: int, number
 
 
 def run_on_device(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], device: Device, *,
-                  known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
+                  threads: int | None = None, known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
                   reconnect_window: float = DEFAULT_RECONNECT_WINDOW, session_timeout: float = DEFAULT_SESSION_TIMEOUT,
                   progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
     """Run ``device/model.so`` on a real device: upload it over RPC, load it into the device's Relax VM on
@@ -143,7 +146,7 @@ def run_on_device(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np
     build_dir = Path(build_dir)
     profile = device_profile(device)
     check_build_matches(manifest, device, profile)
-    op = model_runner(build_dir, manifest, inputs, label=device.name, progress=progress)
+    op = model_runner(build_dir, manifest, inputs, label=device.name, threads=threads, progress=progress)
     outputs, where = run_with_retries(device, op, what="Running the model", profile=profile, known_hosts=known_hosts,
                                       attempts=attempts, reconnect_window=reconnect_window,
                                       session_timeout=session_timeout, progress=progress)
@@ -151,7 +154,7 @@ def run_on_device(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np
 
 
 def bench_on_device(build_dir: Path | str, device: Device, repeat: int = 50, number: int = 1, warmup: int = 1, *,
-                    known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
+                    threads: int | None = None, known_hosts: Path | None = None, attempts: int = DEFAULT_ATTEMPTS,
                     reconnect_window: float = DEFAULT_RECONNECT_WINDOW, session_timeout: float = DEFAULT_SESSION_TIMEOUT,
                     progress: Progress | None = None) -> BenchResult:
     """Time ``main`` of a build on the device: ``repeat`` samples, each the mean of ``number`` runs.
@@ -164,13 +167,13 @@ def bench_on_device(build_dir: Path | str, device: Device, repeat: int = 50, num
     profile = device_profile(device)
     check_build_matches(manifest, device, profile)
     op = model_timer(build_dir, manifest, repeat=repeat, number=number, warmup=warmup, label=device.name,
-                     progress=progress)
+                     threads=threads, progress=progress)
     started = time.monotonic()
     samples, where = run_with_retries(device, op, what="Benchmarking", profile=profile, known_hosts=known_hosts,
                                       attempts=attempts, reconnect_window=reconnect_window,
                                       session_timeout=session_timeout, progress=progress)
     return BenchResult(str(build_dir), device.name, profile.name, device.host, repeat, number, warmup,
-                       tuple(samples), time.monotonic() - started, ran_on=where)
+                       tuple(samples), time.monotonic() - started, ran_on=where, threads=threads)
 
 
 def _farm_devices(inventory: Inventory, profile_name: str) -> tuple[Profile, list[Device]]:
@@ -194,7 +197,7 @@ def _first_working(devices: list[Device], fn: Callable[[Device], T], progress: P
 
 
 def run_on_farm(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], profile_name: str,
-                inventory: Inventory, *, known_hosts: Path | None = None,
+                inventory: Inventory, *, threads: int | None = None, known_hosts: Path | None = None,
                 progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
     """Run a build on the first free device of the farm's ``profile_name`` devices (through the tracker
     when the farm runs, else the first device that answers)."""
@@ -202,17 +205,19 @@ def run_on_farm(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.n
     check_build_matches(manifest, devices[0], profile)
     state = read_state(inventory)
     if state is not None:
-        op = model_runner(build_dir, manifest, inputs, label="the farm device", progress=progress)
+        op = model_runner(build_dir, manifest, inputs, label="the farm device", threads=threads, progress=progress)
         device, (outputs, where) = on_tracker_device(
             state, inventory, profile, op, what="Running the model", known_hosts=known_hosts,
             attempts=DEFAULT_ATTEMPTS, session_timeout=DEFAULT_SESSION_TIMEOUT, wait=300.0, progress=progress)
         return outputs, f"{device.name}: {where}"
-    return _first_working(devices, lambda d: run_on_device(build_dir, manifest, inputs, d, known_hosts=known_hosts,
-                                                           attempts=1, progress=progress), progress)
+    return _first_working(devices, lambda d: run_on_device(build_dir, manifest, inputs, d, threads=threads,
+                                                           known_hosts=known_hosts, attempts=1, progress=progress),
+                          progress)
 
 
 def bench_on_farm(build_dir: Path | str, profile_name: str, inventory: Inventory, *, repeat: int = 50,
-                  number: int = 1, warmup: int = 1, all_devices: bool = False, known_hosts: Path | None = None,
+                  number: int = 1, warmup: int = 1, all_devices: bool = False, threads: int | None = None,
+                  known_hosts: Path | None = None,
                   session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
                   progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
     """Benchmark on the first free device of the farm (through its tracker when it runs), or with
@@ -225,7 +230,8 @@ def bench_on_farm(build_dir: Path | str, profile_name: str, inventory: Inventory
         results: list[BenchResult | EdgepackError] = []
         for device in devices:
             try:
-                results.append(bench_on_device(build_dir, device, repeat, number, warmup, known_hosts=known_hosts,
+                results.append(bench_on_device(build_dir, device, repeat, number, warmup, threads=threads,
+                                               known_hosts=known_hosts,
                                                session_timeout=session_timeout, reconnect_window=reconnect_window,
                                                progress=progress))
             except EdgepackError as exc:
@@ -235,14 +241,14 @@ def bench_on_farm(build_dir: Path | str, profile_name: str, inventory: Inventory
     state = read_state(inventory)
     if state is None:
         return [_first_working(devices, lambda d: bench_on_device(build_dir, d, repeat, number, warmup,
-                                                                  known_hosts=known_hosts, attempts=1,
+                                                                  threads=threads, known_hosts=known_hosts, attempts=1,
                                                                   session_timeout=session_timeout,
                                                                   progress=progress), progress)]
     op = model_timer(build_dir, manifest, repeat=repeat, number=number, warmup=warmup, label="the farm device",
-                     progress=progress)
+                     threads=threads, progress=progress)
     started = time.monotonic()
     device, (samples, where) = on_tracker_device(
         state, inventory, profile, op, what="Benchmarking", known_hosts=known_hosts, attempts=DEFAULT_ATTEMPTS,
         session_timeout=session_timeout, wait=300.0, progress=progress)
     return [BenchResult(str(build_dir), device.name, profile.name, device.host, repeat, number, warmup,
-                        tuple(samples), time.monotonic() - started, via="tracker", ran_on=where)]
+                        tuple(samples), time.monotonic() - started, via="tracker", ran_on=where, threads=threads)]

@@ -8,6 +8,8 @@ A tuning directory holds::
     database_workload.json       MetaSchedule's JSON database (append-only, one JSON value per line):
     database_tuning_record.json    every finished measurement is one line of the record file
     state.json                   time spent tuning so far (all runs), number of runs
+    defaults.json                per task, the untuned build's schedule (its rule) and its measured time:
+                                 a record is applied only where it is faster
     logs/tune.log                MetaSchedule's own log
 """
 
@@ -34,6 +36,7 @@ from edgepack.versions import installed_tvm
 META_FILE = "tuning.json"
 TASKS_FILE = "tasks.json"
 STATE_FILE = "state.json"
+DEFAULTS_FILE = "defaults.json"
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 LOCK_FILE = ".lock"
@@ -114,10 +117,25 @@ class TaskSummary:
     failed: int  # records whose candidate did not build or run
     best_seconds: float | None  # the fastest recorded run of the kernel
     share: float | None  # weight * best / sum over tasks of weight * best (None: no valid record)
+    default_seconds: float | None = None  # the untuned build's schedule, measured the same way
+    default_rule: str | None = None  # the rule that made it ("cpu.Conv2D")
+
+    @property
+    def tuned(self) -> bool:
+        """A record beats the default schedule: the build applies it (else it keeps the default)."""
+        return self.best_seconds is not None and (self.default_seconds is None
+                                                  or self.best_seconds < self.default_seconds)
 
     @property
     def weighted_seconds(self) -> float | None:
         return None if self.best_seconds is None else self.best_seconds * self.weight
+
+    @property
+    def speedup(self) -> float | None:
+        """Default time over best time (1.0 where the default schedule stays the best)."""
+        if self.best_seconds is None or self.default_seconds is None:
+            return None
+        return self.default_seconds / self.best_seconds
 
     @property
     def gflops(self) -> float | None:
@@ -126,7 +144,8 @@ class TaskSummary:
         return self.flop / self.best_seconds / 1e9
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"weighted_seconds": self.weighted_seconds, "gflops": self.gflops}
+        return asdict(self) | {"weighted_seconds": self.weighted_seconds, "gflops": self.gflops, "tuned": self.tuned,
+                               "speedup": self.speedup}
 
 
 @dataclass(frozen=True)
@@ -146,7 +165,8 @@ class TuningSummary:
 
     @property
     def tuned_tasks(self) -> int:
-        return sum(t.best_seconds is not None for t in self.tasks)
+        """Tasks whose best record a build applies (faster than the default schedule)."""
+        return sum(t.tuned for t in self.tasks)
 
     @property
     def estimated_seconds(self) -> float | None:
@@ -341,6 +361,7 @@ def load_tuning(directory: Path | str) -> TuningSummary:
         raise TuningError(f"{directory} has a malformed {META_FILE} or {TASKS_FILE} ({exc}).",
                           "Tune into a new directory.") from exc
     state = read_json(directory / STATE_FILE) or {}
+    defaults = read_defaults(directory)
     hashes, records, ignored = read_database(directory)
     counts: dict[str, int] = {}
     failed: dict[str, int] = {}
@@ -357,11 +378,25 @@ def load_tuning(directory: Path | str) -> TuningSummary:
     summaries = tuple(
         TaskSummary(t.name, t.workload, t.weight, t.flop, counts.get(t.workload, 0), failed.get(t.workload, 0),
                     best.get(t.workload),
-                    (best[t.workload] * t.weight / total) if t.workload in best and total > 0 else None)
+                    (best[t.workload] * t.weight / total) if t.workload in best and total > 0 else None,
+                    defaults.get(t.workload, {}).get("seconds"), defaults.get(t.workload, {}).get("rule"))
         for t in tasks
     )
     return TuningSummary(directory, meta, summaries, float(state.get("seconds", 0.0)), int(state.get("runs", 0)),
                          ignored)
+
+
+def read_defaults(directory: Path) -> dict[str, dict[str, Any]]:
+    """``defaults.json``: per workload hash, {"rule", "seconds", "schedule"} of the default schedule."""
+    data = read_json(directory / DEFAULTS_FILE) or {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict) and isinstance(v.get("seconds"), (int, float))}
+
+
+def record_default(directory: Path, workload: str, rule: str, seconds: float) -> None:
+    """Write down the measured time of a task's default schedule (atomically, after its record)."""
+    defaults = read_defaults(directory)
+    defaults[workload] = {"rule": rule, "seconds": seconds}
+    write_json_atomic(directory / DEFAULTS_FILE, defaults)
 
 
 def repair_database(directory: Path | str) -> list[str]:
@@ -447,9 +482,12 @@ def _target_text(target: dict[str, Any]) -> str:
 
 
 def best_records(directory: Path, workloads: set[str] | None = None) -> tuple[list[list], list[list]]:
-    """The workload lines that have a valid record, and for each one its fastest record (re-indexed)."""
+    """The workload lines that have a valid record faster than the kernel's default schedule, and for
+    each one that fastest record (re-indexed). A kernel whose default schedule is the fastest keeps
+    it: a build schedules it with its rule."""
     workload_lines = read_lines(directory / WORKLOAD_FILE, valid_workload).values
     records = read_lines(directory / RECORD_FILE, valid_record).values
+    defaults = read_defaults(directory)
     best: dict[int, tuple[float, list]] = {}
     for index, record in records:
         if not 0 <= index < len(workload_lines):
@@ -459,7 +497,8 @@ def best_records(directory: Path, workloads: set[str] | None = None) -> tuple[li
         seconds = record_seconds(record)
         if seconds is not None and (index not in best or seconds < best[index][0]):
             best[index] = (seconds, record)
-    kept = sorted(best)
+    kept = sorted(i for i in best
+                  if best[i][0] < defaults.get(workload_lines[i][0], {}).get("seconds", math.inf))
     new_index = {old: i for i, old in enumerate(kept)}
     return [workload_lines[i] for i in kept], [[new_index[i], best[i][1]] for i in kept]
 
@@ -477,7 +516,7 @@ def write_best_records(tuning_dir: Path | str, dest: Path | str) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / WORKLOAD_FILE).write_text("".join(json.dumps(w, separators=(",", ":")) + "\n" for w in workloads))
     (dest / RECORD_FILE).write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
-    for name in (STATE_FILE, TASKS_FILE, META_FILE):  # tuning.json last: it marks a complete directory
+    for name in (STATE_FILE, DEFAULTS_FILE, TASKS_FILE, META_FILE):  # tuning.json last: marks it complete
         if (source / name).exists():
             shutil.copyfile(source / name, dest / name)
     return len(records)
@@ -515,7 +554,7 @@ def apply_tuning(imported: ImportedModel, profile: Profile, target, tuning_dir: 
         raise TuningError(f"Tuning records apply to tunable backends (CPU, OpenCL), not to {backend.label}.",
                           "Compile this profile without --tuning.")
     summary = check_tuning(tuning_dir, imported, target)
-    tuned = {t.workload for t in summary.tasks if t.best_seconds is not None}
+    tuned = {t.workload for t in summary.tasks if t.tuned}
     records = TuningRecords(tuning_database(tuning_dir, tuned), weight_prepack=summary.meta.weight_prepack,
                             channels_last=summary.meta.channels_last)
     return AppliedTuning(records, summary, len(tuned), len(summary.tasks))

@@ -32,6 +32,9 @@ class TaskPlan:
     tuning: bool = True
     exhausted: bool = False
     history: list[float] = field(default_factory=list)  # best seconds after each batch (1e10: none valid yet)
+    default: Any = None  # the default schedule's MeasureCandidate, measured first (None: none or done)
+    default_digest: int | None = None  # its schedule hash
+    default_rule: str = ""  # the rule that made it
 
 
 @dataclass
@@ -100,6 +103,14 @@ def resumable_strategy_class():
             plan, control = self.plan, self.control
             if plan.left <= 0 or control.left <= 0 or control.interrupted or control.expired():
                 return None
+            if plan.default is not None:  # the untuned build's schedule: the baseline every record must beat
+                candidate, plan.default = plan.default, None
+                if plan.default_digest not in plan.known:
+                    control.left -= 1
+                    control.batches += 1
+                    self._pending = ([], [])
+                    plan.in_flight = [plan.default_digest]
+                    return [candidate]
             for _ in range(32):  # rounds that only proposed recorded schedules
                 try:
                     candidates = self.inner.generate_measure_candidates()

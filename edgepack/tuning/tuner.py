@@ -62,6 +62,7 @@ from edgepack.tuning.records import (
     load_tuning,
     read_database,
     read_json,
+    record_default,
     record_seconds,
     repair_database,
     write_json_atomic,
@@ -74,6 +75,7 @@ from edgepack.tuning.search import (
     load_known,
     record_callback_class,
     resumable_strategy_class,
+    schedule_hash,
     scheduler_class,
     warm_start,
 )
@@ -142,6 +144,23 @@ class TuningResult:
 
 #: Receives a :class:`TuningProgress` snapshot at the start, after every batch and at the end.
 ProgressSnapshots = Callable[[TuningProgress], None]
+
+
+def _plan_default(plan: TaskPlan, backend: Backend, context, target, logger: logging.Logger) -> None:
+    """Give ``plan`` its default schedule to measure first (what an untuned build runs)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+
+    try:
+        found = backend.default_schedule(context.mod, target)
+    except Exception as exc:  # noqa: BLE001 - the search still runs without a baseline
+        logger.warning("no default schedule for %s: %s", plan.task.name, exc)
+        found = None
+    if found is None:
+        return
+    plan.default_rule, sch = found
+    plan.default_digest = schedule_hash(sch.mod)
+    plan.default = MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
 
 
 @contextlib.contextmanager
@@ -470,6 +489,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
                 continue
             contexts.append(context)
             schedulable.append(plan)
+            _plan_default(plan, backend_for(profile), context, tuning_target, logger)
         active[:] = schedulable
         if not active:
             return finish("tasks", 0, 0)
@@ -486,6 +506,9 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
             for position, run_secs in recorded:
                 if position < len(plan.in_flight):
                     plan.known[plan.in_flight[position]] = run_secs
+                    if plan.in_flight[position] == plan.default_digest and run_secs:
+                        record_default(directory, plan.task.workload, plan.default_rule,
+                                       sum(run_secs) / len(run_secs))
                 if run_secs:
                     mean = sum(run_secs) / len(run_secs)
                     if mean < FAILED_SECONDS and (plan.best is None or mean < plan.best):

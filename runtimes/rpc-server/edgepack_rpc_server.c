@@ -93,6 +93,7 @@ typedef struct {
   const char* loads[EP_MAX_LOADS];
   int num_loads;
   int once; /* serve one session, then exit */
+  int threads; /* threads for parallel kernels (0: TVM_NUM_THREADS, else one per online CPU) */
   int silent;
   int no_plugins; /* do not load the GPU runtime plug-ins found next to the program */
   int exit_with_parent; /* SIGTERM when the process that started us ends (Linux prctl) */
@@ -925,6 +926,8 @@ static void ep_usage(FILE* out) {
           "                       $EDGEPACK_VULKAN_PLUGIN)\n"
           "  --exit-with-parent   stop when the process that started this one ends, even if it was\n"
           "                       killed (for a server started by a local tool)\n"
+          "  --threads N          threads for the models' parallel kernels (default: $TVM_NUM_THREADS,\n"
+          "                       else one per online CPU); a client may ask for fewer\n"
           "  --once               serve one session, then exit\n"
           "  --silent             log errors only\n"
           "  --version, --help\n");
@@ -1024,6 +1027,12 @@ static int ep_parse_args(int argc, char** argv) {
       g_opt.no_plugins = 1;
     } else if (strcmp(a, "--exit-with-parent") == 0) {
       g_opt.exit_with_parent = 1;
+    } else if (strcmp(a, "--threads") == 0) {
+      EP_NEED_VALUE();
+      if (ep_parse_int(v, 1, 1024, &g_opt.threads) != 0) {
+        fprintf(stderr, "edgepack_rpc_server: bad --threads %s\n", v);
+        return -1;
+      }
     } else if (strcmp(a, "--once") == 0) {
       g_opt.once = 1;
     } else if (strcmp(a, "--silent") == 0) {
@@ -1050,9 +1059,25 @@ static int ep_parse_args(int argc, char** argv) {
   return 0;
 }
 
+/* TVM sizes each thread's worker pool from TVM_NUM_THREADS; without it, on x86 it takes half the
+   logical CPUs (assuming hyper-threads), which leaves a small machine single-threaded. */
+static void ep_set_threads(void) {
+  char text[16];
+  int n = g_opt.threads;
+  const char* env = getenv("TVM_NUM_THREADS");
+  if (n == 0 && env != NULL && env[0] != '\0') return;
+  if (n == 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    n = online > 0 ? (int)online : 1;
+  }
+  snprintf(text, sizeof(text), "%d", n);
+  setenv("TVM_NUM_THREADS", text, 1);
+}
+
 int main(int argc, char** argv) {
   pid_t parent = getppid();
   if (ep_parse_args(argc, argv) != 0) return 2;
+  ep_set_threads();
   if (g_opt.exit_with_parent) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) return 0; /* it ended before the line above */

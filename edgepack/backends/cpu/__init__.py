@@ -14,6 +14,7 @@ from typing import Any
 
 from edgepack.backends.base import Backend, Build, ScheduledFunction, ScheduleReport, TuningLayout, TuningRecords, register
 from edgepack.backends.cpu.pipeline import cpu_pipeline, describe_pipeline, prepare_passes
+from edgepack.backends.cpu.schedules import default_rules
 from edgepack.errors import CompileError, EdgepackError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -102,6 +103,16 @@ class CpuBackend(Backend):
 
     def tuning_passes(self, target: Any, layout: TuningRecords | TuningLayout) -> list[Any]:
         return prepare_passes(target, layout.weight_prepack, layout.channels_last)
+
+    def default_schedule(self, mod: Any, target: Any) -> tuple[str, Any] | None:
+        for rule in default_rules():
+            try:
+                sch = rule.apply(mod["main"], target)
+            except Exception:  # noqa: BLE001 - as in a build: the next rule
+                sch = None
+            if sch is not None:
+                return rule.rule_name, sch
+        return None
 
     def search_spaces(self, target: Any) -> list[tuple[str, Any]]:
         """MetaSchedule's default search space, then fallbacks for kernels it fails on.

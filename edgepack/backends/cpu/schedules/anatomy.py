@@ -138,7 +138,7 @@ def _is_padding(sch, block) -> bool:
     if not is_spatial(sch, block) or not isinstance(stmt.body, tirx.BufferStore):
         return False
     value = stmt.body.value
-    return isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") == "tirx.if_then_else"
+    return isinstance(value, tvm.ir.Call) and str(getattr(value.op, "name", "")).endswith("if_then_else")
 
 
 def static_extent(sch, loop) -> int | None:

@@ -2,7 +2,7 @@
  * edgepack_run - run an edgepack model from the command line (example of the C API).
  *
  *   edgepack_run [MODEL.so] [--meta FILE] [--input NAME=FILE ...] [--output-dir DIR]
- *                [--repeat N] [--warmup N] [--from-memory] [--info] [--quiet]
+ *                [--repeat N] [--warmup N] [--threads N] [--from-memory] [--info] [--quiet]
  *
  *   MODEL.so           model library; omit it to run the model linked into this program
  *                      (static build with the model's system-lib archive)
@@ -14,8 +14,9 @@
  *                      of the output name and replaces other bytes by '_'
  *   --repeat N         time N runs and print one JSON line:
  *                      {"runs": N, "mean_ms": .., "median_ms": .., "min_ms": .., "max_ms": ..,
- *                       "std_ms": ..}
+ *                       "std_ms": .., "threads": N}
  *   --warmup N         untimed runs before timing (default 1 with --repeat)
+ *   --threads N        threads for the model's parallel kernels (default: one per online CPU)
  *   --from-memory      read MODEL.so into memory and use ep_model_open_memory()
  *   --info             print the model's inputs and outputs and exit
  *   --quiet            no per-output summary lines
@@ -37,6 +38,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_INPUT_ARGS 64
 
@@ -53,6 +55,7 @@ typedef struct {
   int num_inputs;
   long repeat;
   long warmup;
+  long threads;
   int from_memory;
   int info;
   int quiet;
@@ -61,8 +64,8 @@ typedef struct {
 static void usage(FILE* f) {
   fprintf(f,
           "usage: edgepack_run [MODEL.so] [--meta FILE] [--input NAME=FILE ...]\n"
-          "                    [--output-dir DIR] [--repeat N] [--warmup N] [--from-memory]\n"
-          "                    [--info] [--quiet]\n");
+          "                    [--output-dir DIR] [--repeat N] [--warmup N] [--threads N]\n"
+          "                    [--from-memory] [--info] [--quiet]\n");
 }
 
 static int fail(const char* what, ep_status st) {
@@ -128,6 +131,12 @@ static int parse_args(int argc, char** argv, options* o) {
     } else if (strcmp(a, "--warmup") == 0 && next) {
       if (!parse_long(next, &o->warmup)) {
         fprintf(stderr, "edgepack_run: --warmup expects a non-negative integer\n");
+        return 2;
+      }
+      ++i;
+    } else if (strcmp(a, "--threads") == 0 && next) {
+      if (!parse_long(next, &o->threads) || o->threads < 1 || o->threads > 1024) {
+        fprintf(stderr, "edgepack_run: --threads expects a positive integer\n");
         return 2;
       }
       ++i;
@@ -599,6 +608,8 @@ int main(int argc, char** argv) {
     if (st != EP_OK) return fail("open model", st);
   }
   free(meta_text);
+  st = ep_set_num_threads((int)o.threads); /* 0: one per online CPU */
+  if (st != EP_OK) return fail("set threads", st);
 
   ep_model_num_inputs(model, &num_inputs);
   ep_model_num_outputs(model, &num_outputs);
@@ -646,11 +657,11 @@ int main(int argc, char** argv) {
       var /= (double)o.repeat;
       qsort(times, (size_t)o.repeat, sizeof(double), cmp_double);
       printf("{\"runs\": %ld, \"mean_ms\": %.4f, \"median_ms\": %.4f, \"min_ms\": %.4f, "
-             "\"max_ms\": %.4f, \"std_ms\": %.4f}\n",
+             "\"max_ms\": %.4f, \"std_ms\": %.4f, \"threads\": %ld}\n",
              o.repeat, mean,
              o.repeat % 2 ? times[o.repeat / 2]
                           : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]),
-             times[0], times[o.repeat - 1], sqrt(var));
+             times[0], times[o.repeat - 1], sqrt(var), o.threads ? o.threads : sysconf(_SC_NPROCESSORS_ONLN));
     }
   } else if (rc == 0 && o.warmup == 0) {
     st = ep_model_run(model);

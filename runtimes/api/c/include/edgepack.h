@@ -31,9 +31,11 @@
  *   - One model handle must be used by one thread at a time (serialise calls yourself).
  *   - Different model handles may be used concurrently from different threads.
  *   - ep_last_error() is per thread.
- *   - The number of worker threads TVM uses for one run is set by the environment variable
- *     TVM_NUM_THREADS (default: one per core), read when the first model runs. Each thread that
- *     calls ep_model_run() gets its own pool of TVM worker threads.
+ *   - Each thread that calls ep_model_run() gets its own pool of TVM worker threads for the
+ *     model's parallel kernels, sized when that thread first runs a model: by
+ *     ep_set_num_threads() if that thread called it before, else by TVM_NUM_THREADS, else by
+ *     TVM's default (all cores on ARM; half the logical CPUs on x86, which assumes
+ *     hyper-threading). A pool once made can be told to use fewer threads, not more.
  *
  * Metadata
  *   The compiled library does not record dtypes and shapes, so edgepack writes them as text:
@@ -224,6 +226,14 @@ EP_API ep_status ep_model_set_input_typed(ep_model* model, int index, const void
 
 /** Run the model once. Errors: EP_ERR_STATE if an input was never set, EP_ERR_RUNTIME. */
 EP_API ep_status ep_model_run(ep_model* model);
+
+/**
+ * Use num_threads threads for the parallel kernels of the models this thread runs
+ * (num_threads <= 0: one per online CPU). Call it before this thread's first ep_model_run() to
+ * get more threads than TVM's default (see "Thread safety"). Also sets TVM_NUM_THREADS for
+ * threads that run a model later.
+ */
+EP_API ep_status ep_set_num_threads(int num_threads);
 
 /**
  * Borrow output `index` of the last run: *out_data points to byte_size bytes owned by the model.

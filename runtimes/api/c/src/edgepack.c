@@ -1395,6 +1395,28 @@ static ep_status ep_check_outputs(const ep_model* m) {
   return EP_OK;
 }
 
+ep_status ep_set_num_threads(int num_threads) {
+  char text[16];
+  TVMFFIAny args[2];
+  TVMFFIAny res;
+  ep_status st;
+  if (num_threads <= 0) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    num_threads = online > 0 ? (int)online : 1;
+  }
+  /* TVM sizes a thread's worker pool from TVM_NUM_THREADS when the pool is made, and
+     runtime.config_threadpool (mode 1: all big cores) makes or reconfigures this thread's pool. */
+  snprintf(text, sizeof(text), "%d", num_threads);
+  if (setenv("TVM_NUM_THREADS", text, 1) != 0) {
+    return ep_fail(EP_ERR_RUNTIME, "cannot set TVM_NUM_THREADS: %s", strerror(errno));
+  }
+  args[0] = ep_any_int(1);
+  args[1] = ep_any_int(num_threads);
+  st = ep_call_global("runtime.config_threadpool", args, 2, &res, EP_ERR_RUNTIME);
+  if (st == EP_OK) ep_any_release(&res);
+  return st;
+}
+
 ep_status ep_model_run(ep_model* model) {
   TVMFFIAny stack_args[16];
   TVMFFIAny* args = stack_args;
