@@ -336,3 +336,8 @@ def test_cli_compiles_validates_and_inspects_with_processing(tmp_path):
     text = run_cli("compile", str(model), "-p", "host", "-o", str(tmp_path / "b2"), "--postprocess",
                    "scores=softmax+topk:2", check=True).stdout
     assert "scores_indices int32 [1, 64, 2]" in text
+
+
+def test_compile_help_documents_the_processing_options():
+    text = " ".join(run_cli("compile", "--help", check=True).stdout.split())
+    assert "--preprocess" in text and "mean=M[/M/M]" in text and "--postprocess" in text and "topk:K" in text

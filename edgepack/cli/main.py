@@ -87,14 +87,14 @@ def compile_(
     tuning: Annotated[Path | None, typer.Option("--tuning", help="Apply the best records of a tuning directory (`edgepack tune`).")] = None,
     bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
     preprocess: Annotated[list[str] | None, typer.Option(
-        "--preprocess", metavar="NAME=image:FORMAT[,size=HxW,resize=...,mean=..,std=..]|FILE.toml",
+        "--preprocess", metavar="NAME=image:FORMAT,...|FILE.toml",
         help="Compile camera-frame pre-processing into the model: input NAME then takes uint8 frames. FORMAT: "
-             "rgb8, bgr8, rgba8, gray8, nv21; size=HxW of the frame [default: the model's]; "
-             "resize=bilinear|nearest|none; mean=M[/M/M], std=S[/S/S] in pixel units (0-255), in the model's "
-             "channel order (order=rgb|bgr); layout=nchw|nhwc [default: from the model's shape]. Repeat per input; "
-             "a .toml file holds the same settings per input ([NAME] image = \"rgb8\" ...).")] = None,
+             "rgb8, bgr8, rgba8, gray8, nv21; size=HxW of the frame \\[default: the model's]; "
+             "resize=bilinear|nearest|none; mean=M\\[/M/M], std=S\\[/S/S] in pixel units (0-255), in the model's "
+             "channel order (order=rgb|bgr); layout=nchw|nhwc \\[default: from the model's shape]. Repeat per input; "
+             "a .toml file holds the same settings per input (\\[NAME] image = \"rgb8\" ...).")] = None,
     postprocess: Annotated[list[str] | None, typer.Option(
-        "--postprocess", metavar="NAME=softmax|sigmoid|argmax|topk:K|BOXES,SCORES=nms:...",
+        "--postprocess", metavar="NAME=STEPS|BOXES,SCORES=nms:...|FILE.toml",
         help="Compile post-processing into the model: NAME=softmax, sigmoid, argmax or topk:K along the last axis "
              "(chain with '+': softmax+topk:5); BOXES,SCORES=nms:iou=0.45,score=0.25,max=100,boxes=xyxy|yxyx|cxcywh "
              "for detectors (ONNX NonMaxSuppression semantics; fixed-size outputs and a count). Repeat per output; "
