@@ -7,6 +7,9 @@ raises :class:`EdgepackError` (message + fix) for anything a user can cause::
     import edgepack
 
     build = edgepack.compile("mobilenetv2.onnx", "rpi4", "build/rpi4")        # CompileResult
+    framed = edgepack.compile("mobilenetv2.onnx", "rpi4", "build/cls",         # camera frames in, top-5 out
+                              preprocess="input=image:bgr8,size=480x640,mean=123.7/116.3/103.5,std=58.4/57.1/57.4",
+                              postprocess="logits=topk:5")
     report = edgepack.validate(build.output_dir, on="emulator")               # ValidationReport
     assert report.passed
     bundle = edgepack.package_c(build.output_dir, "dist/rpi4-c")               # CBundle
@@ -23,6 +26,7 @@ from edgepack.inspection import KernelListing, ModelInspection, inspect, kernels
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.packaging.android import AndroidPackage, package_android
 from edgepack.packaging.c import CBundle, package_c, read_bundle, run_bundle
+from edgepack.processing import ImagePreprocess, NmsPostprocess, OutputPostprocess
 from edgepack.profiles import Profile, get_profile, list_profiles
 from edgepack.run.results import BenchResult
 from edgepack.tuning import TuningResult, TuningSummary, load_tuning
@@ -31,8 +35,9 @@ from edgepack.validation import ValidationReport, validate
 from edgepack.versions import __version__
 
 __all__ = [
-    "AndroidPackage", "BenchResult", "BuildManifest", "CBundle", "CompileResult", "EdgepackError", "KernelListing",
-    "ModelInfo", "ModelInspection", "Profile", "TuningResult", "TuningSummary", "ValidationReport", "__version__",
+    "AndroidPackage", "BenchResult", "BuildManifest", "CBundle", "CompileResult", "EdgepackError", "ImagePreprocess",
+    "KernelListing", "ModelInfo", "ModelInspection", "NmsPostprocess", "OutputPostprocess", "Profile", "TuningResult",
+    "TuningSummary", "ValidationReport", "__version__",
     "bench", "compile", "get_profile", "inspect", "kernels", "list_profiles", "load_tuning", "package_android",
     "package_c", "parse_input_shapes", "read_bundle", "read_manifest", "run_bundle", "tune", "validate",
 ]

@@ -27,6 +27,14 @@ from edgepack.errors import ToolchainError, first_line
 from edgepack.files import atomic_directory, check_output_dir
 from edgepack.frontends import ImportedModel, import_model
 from edgepack.manifest import BUILD_TUNING, DEVICE_LIBRARY, DEVICE_META, HOST_LIBRARY, Artifact, BuildManifest
+from edgepack.processing import (
+    PostprocessLike,
+    PreprocessLike,
+    parse_postprocess,
+    parse_preprocess,
+    plan_processing,
+    processed_model,
+)
 from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.progress import Progress, reporter
 from edgepack.tensors import Shape, TensorSpec
@@ -64,13 +72,21 @@ def compile_model(
     force: bool = False,
     ndk: str | None = None,
     tuning: Path | str | None = None,
+    preprocess: PreprocessLike | list[PreprocessLike] | None = None,
+    postprocess: PostprocessLike | list[PostprocessLike] | None = None,
     progress: Progress | None = None,
 ) -> CompileResult:
     """Compile ``model`` (.onnx or .tflite) for ``profile`` into the build directory ``output_dir``.
 
     ``input_shapes`` fixes dynamic input dimensions (``{"x": (1, 3, 224, 224)}``); ``tuning`` is a
     tuning directory (``edgepack.tune``) made for this model, input shapes and target, whose best
-    records are applied; ``ndk`` locates the Android NDK for Android profiles. Raises an
+    records are applied; ``ndk`` locates the Android NDK for Android profiles.
+
+    ``preprocess`` / ``postprocess`` compile processing into the same program (``edgepack.processing``):
+    strings as on the command line (``"input=image:bgr8,size=480x640,mean=123.7/116.3/103.5"``,
+    ``"logits=topk:5"``, ``"boxes,scores=nms:iou=0.45"``), TOML files, or ``ImagePreprocess`` /
+    ``OutputPostprocess`` / ``NmsPostprocess`` objects; the build's inputs and outputs are then the
+    processed ones (uint8 frames in; top-K, detections out). Raises an
     :class:`~edgepack.errors.EdgepackError` that names the problem and its fix.
     """
     say = reporter(progress)
@@ -80,25 +96,30 @@ def compile_model(
     require_supported(profile)
     backend = backend_for(profile)
     check_output_dir(output_dir, force)  # fail before minutes of work, not after
+    pre, post = parse_preprocess(preprocess), parse_postprocess(postprocess)
     compilers = find_compilers(profile, ndk=ndk)
     backend.preflight(profile, log=say)
 
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes)
-    outputs = output_specs(imported)
+    model_outputs = output_specs(imported)
+    plan = plan_processing(pre, post, imported.inputs, model_outputs) if pre or post else None
     device_target = profile.tvm_target()
     applied = None
     if tuning is not None:  # checked before any build, applied to the device build
         say(f"Reading the tuning records in {tuning}")
         applied = apply_tuning(imported, profile, device_target, tuning)
     records = applied.records if applied else None
+    # the processing around the model: one program, fused by the backend's pipeline like the model
+    program = processed_model(imported, plan, word_reads=backend.no_byte_tensors) if plan else imported
+    outputs = plan.results if plan else model_outputs
 
     with atomic_directory(output_dir, force=force) as staging:
         say(f"Building for {profile.name} ({profile.triple}, {backend.label})"
             + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
-        device_build = backend.build(imported, device_target, records=records)
+        device_build = backend.build(program, device_target, records=records)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
-        artifacts = export_device_library(device_build.executable, staging, imported.inputs, outputs, compilers)
+        artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers)
         artifacts.update({name: Artifact.of(staging, rel)
                           for name, rel in backend.write_artifacts(staging, device_build).items()})
 
@@ -107,7 +128,7 @@ def compile_model(
         else:
             say(f"Building for this machine (validate --on {backend.host_place})")
             host_target = backend.host_target(profile)
-            host_build = backend.build(imported, host_target, records=backend.host_records(records))
+            host_build = backend.build(program, host_target, records=backend.host_records(records))
             export_library(host_build.executable, staging / HOST_LIBRARY)
             host_library = HOST_LIBRARY
 
@@ -121,7 +142,7 @@ def compile_model(
             model_format=imported.info.format,
             model_sha256=imported.info.sha256,
             model_source=str(model.resolve()),
-            inputs=imported.inputs,
+            inputs=program.inputs,
             outputs=outputs,
             profile=profile.to_dict(),
             target=target_dict(device_target),
@@ -138,6 +159,7 @@ def compile_model(
             compile_seconds=round(time.perf_counter() - started, 2),
             tuning=str(Path(tuning).resolve()) if tuning is not None else None,
             extra=backend.manifest_extra(device_build),
+            processing=plan.to_dict() if plan else None,
         )
         manifest.write(staging)
     return CompileResult(output_dir=output_dir, manifest=manifest)

@@ -47,6 +47,10 @@ class ValidationError(EdgepackError):
     exit_code = 1
 
 
+class ProcessingError(EdgepackError):
+    """Pre- or post-processing settings that are malformed or do not fit the model."""
+
+
 class CompileError(EdgepackError):
     """TVM failed to build the model for the target."""
 

@@ -11,7 +11,28 @@ from edgepack.backends import backend_for
 from edgepack.compiling import fusion_ir
 from edgepack.frontends import ModelInfo, import_model, inspect_model
 from edgepack.manifest import read_manifest
-from edgepack.tensors import Shape
+from edgepack.processing import build_program, manifest_plan, model_input_shapes
+from edgepack.tensors import Shape, TensorSpec
+
+
+@dataclass(frozen=True)
+class BuildInputsOutputs:
+    """What a build directory's program takes and returns (after any compiled-in processing)."""
+
+    build_dir: Path
+    profile: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    described: dict[str, str]  # processed tensor name -> what it is, in words
+    settings: tuple[str, ...]  # the processing as --preprocess / --postprocess values
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"build_dir": str(self.build_dir), "profile": self.profile,
+                "inputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
+                           for t in self.inputs],
+                "outputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
+                            for t in self.outputs],
+                "processing": list(self.settings)}
 
 
 @dataclass(frozen=True)
@@ -19,11 +40,14 @@ class ModelInspection:
     info: ModelInfo
     ir_before_fusion: str | None = None
     ir_after_fusion: str | None = None
+    build: BuildInputsOutputs | None = None  # when a build directory was inspected: its program
 
     def to_dict(self) -> dict[str, Any]:
         data = self.info.to_dict()
         if self.ir_before_fusion is not None:
             data["ir_before_fusion"], data["ir_after_fusion"] = self.ir_before_fusion, self.ir_after_fusion
+        if self.build is not None:
+            data["build"] = self.build.to_dict()
         return data
 
 
@@ -39,7 +63,26 @@ class KernelListing:
 
 def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shape] | None = None) -> ModelInspection:
     """Read ``model`` without compiling it (never fails on unsupported operators: it lists them); with ``ir``
-    also import it and show the Relax program before and after operator fusion."""
+    also import it and show the Relax program before and after operator fusion.
+
+    ``model`` may be a build directory: then its source model is inspected and ``build`` says what the
+    compiled program takes and returns, with any processing compiled into it."""
+    if Path(model).is_dir():
+        build_dir = Path(model)
+        manifest = read_manifest(build_dir)
+        plan = manifest_plan(manifest)
+        described = {t.name: text for t in (*manifest.inputs, *manifest.outputs)
+                     if plan is not None and (text := plan.describe(t.name))}
+        build = BuildInputsOutputs(build_dir, manifest.profile_name, manifest.inputs, manifest.outputs, described,
+                                   tuple(s.spec() for s in plan.settings) if plan else ())
+        shapes = input_shapes or model_input_shapes(manifest)
+        info = inspect_model(build_dir / manifest.model_file)
+        if not ir:
+            return ModelInspection(info, build=build)
+        program = build_program(import_model(build_dir / manifest.model_file, shapes), manifest,
+                                backend_for(manifest).no_byte_tensors)  # the model with its processing around it
+        before, after = fusion_ir(program)
+        return ModelInspection(info, before, after, build)
     info = inspect_model(model)
     if not ir:
         return ModelInspection(info)

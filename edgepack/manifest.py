@@ -52,6 +52,9 @@ class BuildManifest:
     tuning: str | None = None
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    # pre-/post-processing compiled into the model (edgepack.processing.ProcessingPlan.to_dict); the
+    # inputs and outputs above are then the processed program's, the model's own are recorded here
+    processing: dict[str, Any] | None = None
 
     @property
     def profile_name(self) -> str:

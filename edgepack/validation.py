@@ -12,6 +12,7 @@ import numpy as np
 
 from edgepack.frontends.reference import run_reference
 from edgepack.manifest import read_manifest
+from edgepack.processing import manifest_plan, picture_frames, random_frames, run_processed_reference
 from edgepack.progress import Progress
 from edgepack.run.places import parse_place
 from edgepack.tensors import check_inputs, load_inputs, random_inputs
@@ -41,6 +42,7 @@ class ValidationReport:
     rtol: float
     outputs: tuple[OutputComparison, ...]
     seconds: float
+    inputs: str = ""  # what was fed: "random inputs (seed 0)", "random frames (seed 0) and a test picture", ...
 
     @property
     def passed(self) -> bool:
@@ -56,6 +58,7 @@ class ValidationReport:
             "rtol": self.rtol,
             "passed": self.passed,
             "seconds": round(self.seconds, 3),
+            "inputs": self.inputs,
             "outputs": [asdict(o) | {"shape": list(o.shape)} for o in self.outputs],
         }
 
@@ -80,6 +83,15 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rt
                             mismatched, mismatched == 0)
 
 
+def merge(runs: list[tuple[OutputComparison, ...]]) -> tuple[OutputComparison, ...]:
+    """Per output, the worst of several runs' comparisons (errors at their largest, mismatches summed)."""
+    return tuple(
+        OutputComparison(same[0].name, same[0].dtype, same[0].shape, max(c.max_abs_error for c in same),
+                         max(c.max_rel_error for c in same), sum(c.mismatched for c in same),
+                         all(c.passed for c in same))
+        for same in zip(*runs))
+
+
 def validate(
     build_dir: Path | str,
     on: str = "host",
@@ -96,24 +108,45 @@ def validate(
 
     ``on``: ``host`` (this machine, on the device the build's backend runs on), ``host-opencl`` /
     ``host-vulkan``, ``emulator`` (qemu-user), a device of the inventory, or ``farm:PROFILE``.
-    ``inputs``: an ``.npz`` path or arrays by input name (default: seeded random inputs). The report
-    says per output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch.
+    ``inputs``: an ``.npz`` path or arrays by input name (default: seeded random inputs; a build with
+    pre-processing gets random frames and then a test picture, both compared). The report says per
+    output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch.
     ``threads``: CPU threads for the build's parallel kernels (None: ``$TVM_NUM_THREADS``, else every core).
+
+    A build with processing is compared with an independent reference: the pre-processing as an ONNX
+    graph on ONNX Runtime, the original model on its reference runtime, the post-processing in NumPy
+    (``edgepack.processing.reference``).
     """
     build_dir = Path(build_dir)
     manifest = read_manifest(build_dir)
     place = parse_place(on, inventory)
+    plan = manifest_plan(manifest)
     if inputs is None:
-        feeds = random_inputs(manifest.inputs, seed)
+        if plan is None:
+            runs, fed = [random_inputs(manifest.inputs, seed)], f"random inputs (seed {seed})"
+        elif plan.frames:
+            runs, fed = [random_frames(plan, seed), picture_frames(plan, seed)], \
+                f"random frames (seed {seed}) and a test picture"
+        else:
+            runs, fed = [random_frames(plan, seed)], f"random inputs (seed {seed})"
     elif isinstance(inputs, dict):
-        feeds = check_inputs(inputs, manifest.inputs)
+        runs, fed = [check_inputs(inputs, manifest.inputs)], "the given arrays"
     else:
-        feeds = load_inputs(Path(inputs), manifest.inputs)
+        runs, fed = [load_inputs(Path(inputs), manifest.inputs)], f"inputs from {inputs}"
     started = time.perf_counter()
-    actual, ran_on = place.run(build_dir, manifest, feeds, threads=threads, progress=progress)
-    expected = run_reference(build_dir / manifest.model_file, manifest.model_format, feeds, manifest.outputs)
-    comparisons = tuple(
-        compare(spec.name, a, e, atol, rtol) for spec, a, e in zip(manifest.outputs, actual, expected)
-    )
+    compared = []
+    ran_on = ""
+    for feeds in runs:
+        actual, ran_on = place.run(build_dir, manifest, feeds, threads=threads, progress=progress)
+        if plan is None:
+            expected = run_reference(build_dir / manifest.model_file, manifest.model_format, feeds, manifest.outputs)
+        else:
+            reference_run = run_processed_reference(build_dir / manifest.model_file, manifest.model_format, plan, feeds)
+            expected = reference_run.expected(actual, atol, rtol)
+        compared.append(tuple(compare(spec.name, a, e, atol, rtol)
+                              for spec, a, e in zip(manifest.outputs, actual, expected)))
     reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
-    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, comparisons, time.perf_counter() - started)
+    if plan is not None:
+        reference += " with the processing as ONNX (pre) and NumPy (post)"
+    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, merge(compared),
+                            time.perf_counter() - started, fed)

@@ -101,3 +101,79 @@ def tflite_with_custom_op(path: Path, custom_code: str = "MyFancyOp") -> Path:
     b.Finish(model, file_identifier=b"TFL3")
     path.write_bytes(b.Output())
     return path
+
+
+def onnx_detector(path: Path, *, size: int = 64, classes: int = 3, seed: int = 0) -> Path:
+    """A small detector-shaped ONNX model: input [1, 3, size, size] -> ``boxes`` [1, N, 4] (cx, cy, w, h in
+    pixels: a grid of anchors every 8 pixels, boxes about 32 pixels wide, so neighbours overlap) and
+    ``scores`` [1, N, classes] (sigmoid), N = (size / 8) ** 2. Seeded random convolution weights."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def const(name, array):
+        inits.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def conv(x, cin, cout, k, stride, name, relu=True, scale=1.0):
+        w = rng.normal(0, scale * np.sqrt(2.0 / (cin * k * k)), (cout, cin, k, k))
+        nodes.append(helper.make_node("Conv", [x, const(f"{name}.w", w), const(f"{name}.b", rng.normal(0, 0.1, cout))],
+                                      [name], kernel_shape=[k, k], strides=[stride] * 2, pads=[k // 2] * 4))
+        if relu:
+            nodes.append(helper.make_node("Relu", [name], [f"{name}.relu"]))
+            return f"{name}.relu"
+        return name
+
+    cells = size // 8
+    n = cells * cells
+    x = conv("input", 3, 16, 3, 2, "c1")
+    x = conv(x, 16, 32, 3, 2, "c2")
+    x = conv(x, 32, 32, 3, 2, "c3")
+    head = conv(x, 32, 4 + classes, 1, 1, "head", relu=False, scale=0.5)
+    inits.append(numpy_helper.from_array(np.array([1, 4 + classes, n], np.int64), "flat_shape"))
+    nodes.append(helper.make_node("Reshape", [head, "flat_shape"], ["flat"]))
+    nodes.append(helper.make_node("Transpose", ["flat"], ["rows"], perm=[0, 2, 1]))
+    nodes.append(helper.make_node("Split", ["rows", "split"], ["t_xy", "t_wh", "t_cls"], axis=2))
+    inits.append(numpy_helper.from_array(np.array([2, 2, classes], np.int64), "split"))
+    gy, gx = np.mgrid[0:cells, 0:cells]
+    anchors = np.stack([gx.ravel(), gy.ravel()], axis=-1)[None].astype(np.float32) * 8 + 4
+    nodes.append(helper.make_node("Tanh", ["t_xy"], ["d_xy"]))
+    nodes.append(helper.make_node("Mul", ["d_xy", const("offset", 4.0)], ["o_xy"]))
+    nodes.append(helper.make_node("Add", ["o_xy", const("anchors", anchors)], ["xy"]))
+    nodes.append(helper.make_node("Tanh", ["t_wh"], ["d_wh"]))
+    nodes.append(helper.make_node("Mul", ["d_wh", const("spread", 0.5)], ["l_wh"]))
+    nodes.append(helper.make_node("Exp", ["l_wh"], ["e_wh"]))
+    nodes.append(helper.make_node("Mul", ["e_wh", const("box", 32.0)], ["wh"]))
+    nodes.append(helper.make_node("Concat", ["xy", "wh"], ["boxes"], axis=2))
+    nodes.append(helper.make_node("Sigmoid", ["t_cls"], ["scores"]))
+    graph = helper.make_graph(
+        nodes, "detector", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, n, 4]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, n, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def onnx_passthrough(path: Path, shape: tuple[int, ...], *, name: str = "input", output: str = "output",
+                     scale: float = 1.0) -> Path:
+    """An ONNX model whose output is its float32 input times ``scale``: the program's output then shows
+    exactly what pre-processing made, or gives post-processing known values."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", [name, "scale"], [output])], "passthrough",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, list(shape))],
+        [numpy_helper.from_array(np.array(scale, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

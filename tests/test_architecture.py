@@ -8,6 +8,7 @@ it is dealing with by name.
     run                     places to run a build (host, emulator, device, farm; the --on parser)
     devices                 SSH, installs, RPC servers, sessions, the farm
     backends                CPU, OpenCL, Vulkan behind one interface
+    processing              pre-/post-processing compiled around a model, and its independent reference
     frontends, toolchain    model formats; compilers, runtimes, plug-ins
     basics                  errors, versions, paths, files, progress, tensors, text, manifest, profiles, samples
 """
@@ -24,6 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgepack"
 LAYERS: list[set[str]] = [
     {"errors", "versions", "paths", "files", "progress", "tensors", "text", "manifest", "profiles", "samples"},
     {"frontends", "toolchain"},
+    {"processing"},
     {"backends"},
     {"devices"},
     {"run"},

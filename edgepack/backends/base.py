@@ -120,6 +120,9 @@ class Backend(ABC):
     static_bundle: ClassVar[bool] = True
     #: Whether MetaSchedule can tune it.
     tunable: ClassVar[bool] = False
+    #: Why its kernels cannot read 8-bit tensors, or None when they can. Compiled-in pre-processing
+    #: then reads uint8 camera frames as 32-bit words (``edgepack.processing``).
+    no_byte_tensors: ClassVar[str | None] = None
 
     # --- compiling -------------------------------------------------------------------------------
 

@@ -114,6 +114,8 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None)
     with target:  # the adreno passes read Target.current()
         for p in rp.legalize_passes(target):
             if _is_dlight_pass(p):
+                if not rules:
+                    legalize.append(_short_kernel_names())
                 if records is not None and not rules:
                     legalize += [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
                                  note_after]
@@ -133,6 +135,31 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None)
 
     names = tuple(rule_name(r) for r in rules)
     return _pipeline, (("tuned", *names) if records is not None else names)
+
+
+MAX_FUNCTION_NAME = 120  # PoCL keeps each kernel in a cache directory named after it: longer names fail there
+
+
+def _short_kernel_names():
+    """Rename fused functions whose names (operator names joined by TVM's fusion) are too long to be
+    kernel names everywhere: the first characters and a digest of the whole name."""
+    import hashlib
+
+    import tvm
+    from tvm import relax, tirx
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_short_kernel_names")
+    def _rename(mod, _ctx):
+        renamed = False
+        for gvar, func in list(mod.functions_items()):
+            name = gvar.name_hint
+            if isinstance(func, tirx.PrimFunc) and len(name) > MAX_FUNCTION_NAME:
+                digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+                mod[gvar] = func.with_attr("global_symbol", f"{name[:MAX_FUNCTION_NAME - 9]}_{digest}")
+                renamed = True
+        return relax.transform.NormalizeGlobalVar()(mod) if renamed else mod
+
+    return _rename
 
 
 def _extent(value) -> int | str:

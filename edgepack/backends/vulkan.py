@@ -88,6 +88,7 @@ class VulkanBackend(GpuBackend):
     device_noun = "a Vulkan GPU"
     host_place = "host-vulkan"
     static_bundle = False  # wgpu-native is a shared library only
+    no_byte_tensors = "WGSL has no 8-bit integer type"
     module_kind = "webgpu"
     language = "WGSL"
     kernel_noun = "shaders"

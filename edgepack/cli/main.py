@@ -53,7 +53,7 @@ def profiles(as_json: JsonOption = False) -> None:
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model, or a build directory (with --kernels).")],
+    model: Annotated[Path, typer.Argument(help="An .onnx or .tflite model, or a build directory (its model, and what its program takes and returns, with any compiled-in processing; --kernels: a GPU build's kernels).")],
     ir: Annotated[bool, typer.Option("--ir", help="Also print the Relax IR before and after operator fusion.")] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="For a GPU build directory: its OpenCL kernels / WGSL shaders with launch sizes.")] = False,
     input_shape: InputShapeOption = None,
@@ -72,6 +72,8 @@ def inspect(
         print_json(found.to_dict())
     else:
         render.model_info(found.info, (found.ir_before_fusion, found.ir_after_fusion) if ir else None)
+        if found.build is not None:
+            render.build_program(found.build)
 
 
 @app.command(name="compile")
@@ -84,6 +86,19 @@ def compile_(
     ndk: Annotated[str | None, typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
     tuning: Annotated[Path | None, typer.Option("--tuning", help="Apply the best records of a tuning directory (`edgepack tune`).")] = None,
     bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
+    preprocess: Annotated[list[str] | None, typer.Option(
+        "--preprocess", metavar="NAME=image:FORMAT,...|FILE.toml",
+        help="Compile camera-frame pre-processing into the model: input NAME then takes uint8 frames. FORMAT: "
+             "rgb8, bgr8, rgba8, gray8, nv21; size=HxW of the frame \\[default: the model's]; "
+             "resize=bilinear|nearest|none; mean=M\\[/M/M], std=S\\[/S/S] in pixel units (0-255), in the model's "
+             "channel order (order=rgb|bgr); layout=nchw|nhwc \\[default: from the model's shape]. Repeat per input; "
+             "a .toml file holds the same settings per input (\\[NAME] image = \"rgb8\" ...).")] = None,
+    postprocess: Annotated[list[str] | None, typer.Option(
+        "--postprocess", metavar="NAME=STEPS|BOXES,SCORES=nms:...|FILE.toml",
+        help="Compile post-processing into the model: NAME=softmax, sigmoid, argmax or topk:K along the last axis "
+             "(chain with '+': softmax+topk:5); BOXES,SCORES=nms:iou=0.45,score=0.25,max=100,boxes=xyxy|yxyx|cxcywh "
+             "for detectors (ONNX NonMaxSuppression semantics; fixed-size outputs and a count). Repeat per output; "
+             "a .toml file holds NAME = \"topk:5\" lines.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Compile a model for a device profile into a build directory."""
@@ -92,7 +107,8 @@ def compile_(
     output = output or Path("build") / profile
     with render.steps(quiet=as_json) as step:
         result = edgepack.compile(model, profile, output, input_shapes=edgepack.parse_input_shapes(input_shape),
-                                  force=force, ndk=ndk, tuning=tuning, progress=step)
+                                  force=force, ndk=ndk, tuning=tuning, preprocess=preprocess, postprocess=postprocess,
+                                  progress=step)
     packaged = None
     if bundle == "c":
         with render.steps(quiet=as_json) as step:

@@ -92,6 +92,19 @@ def profiles_table(profiles) -> None:
         console.print(note, highlight=False)
 
 
+def build_program(build) -> None:
+    """What a build's program takes and returns (``inspect BUILD``), with its compiled-in processing."""
+    table = Table(title=f"The build {build.build_dir} ({build.profile}) takes and returns", title_justify="left")
+    for col in ("", "name", "dtype", "shape", "processing"):
+        table.add_column(col, overflow="fold")
+    for kind, specs in (("input", build.inputs), ("output", build.outputs)):
+        for t in specs:
+            table.add_row(kind, t.name, t.dtype, _shape(t.shape), escape(build.described.get(t.name, "")))
+    console.print(table)
+    for setting in build.settings:
+        console.print(f"  compiled in: {escape(setting)}", highlight=False)
+
+
 def model_info(info, ir_text=None) -> None:
     console.print(f"[bold]{info.path}[/]  {info.format.upper()}"
                   + (f" opset {info.opset}" if info.opset else "") + f"  sha256 {info.sha256[:16]}…")
@@ -135,10 +148,11 @@ def compile_summary(result) -> None:
     table.add_column("")
     table.add_row("output", str(result.output_dir))
     table.add_row("target", f"{m.target.get('kind')} {m.target.get('mtriple', '')} {m.target.get('mcpu', '')}".strip())
-    for spec in m.inputs:
-        table.add_row("input", f"{spec.name} {spec.dtype} {_shape(spec.shape)}")
-    for spec in m.outputs:
-        table.add_row("output", f"{spec.name} {spec.dtype} {_shape(spec.shape)}")
+    described = {**(m.processing or {}).get("inputs", {}), **(m.processing or {}).get("outputs", {})}
+    for kind, specs in (("input", m.inputs), ("output", m.outputs)):
+        for spec in specs:
+            note = f"\n  {escape(described[spec.name])}" if spec.name in described else ""
+            table.add_row(kind, f"{spec.name} {spec.dtype} {_shape(spec.shape)}{note}")
     for key, art in m.artifacts.items():
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
     backend = backend_for(m)
@@ -161,7 +175,8 @@ def validation_report(report) -> None:
                       str(o.mismatched), "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]")
     console.print(table)
     if report.passed:
-        console.print(f"[bold green]PASS[/] all {len(report.outputs)} outputs match the reference.")
+        console.print(f"[bold green]PASS[/] all {len(report.outputs)} outputs match the reference"
+                      + (f" on {report.inputs}." if report.inputs else "."), highlight=False)
     else:
         failed = sum(not o.passed for o in report.outputs)
         console.print(f"[bold red]FAIL[/] {failed} of {len(report.outputs)} outputs differ from the reference.")

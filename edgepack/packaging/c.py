@@ -2,6 +2,7 @@
 
     dist/rpi4-c/
       include/edgepack.h      the C API (plus tvm/ffi/c_api.h and dlpack.h it builds on)
+      include/edgepack_model.h  this model: its inputs and outputs (indices, what compiled-in processing does)
       src/edgepack.c          its implementation, compiled into the user's program
       lib/                    model.so + model.meta, libmodel.a (static), the TVM runtime for the
                               triple (libtvm_runtime/libtvm_ffi, .so and .a)
@@ -33,6 +34,8 @@ from edgepack.errors import EdgepackError
 from edgepack.files import atomic_directory, check_output_dir, file_sha256
 from edgepack.frontends import import_model
 from edgepack.manifest import BUILD_TUNING, read_manifest
+from edgepack.packaging.c_header import HEADER, model_header
+from edgepack.processing import build_program, model_input_shapes
 from edgepack.profiles import get_profile, profile_from_dict
 from edgepack.progress import Progress, reporter
 from edgepack.run.c_runner import RunResult, run_c_runner
@@ -118,18 +121,20 @@ def package_c(
         static_lib = None
         if backend.static_bundle:
             say("Building the static model library (system library)")
-            imported = import_model(build_dir / manifest.model_file, {t.name: tuple(t.shape) for t in manifest.inputs})
+            imported = import_model(build_dir / manifest.model_file, model_input_shapes(manifest))
             records = None
             if (build_dir / BUILD_TUNING).is_dir():  # the same kernels as the shared library
                 say("Applying the build's tuning records")
                 records = apply_tuning(imported, profile, profile.tvm_target(), build_dir / BUILD_TUNING).records
-            system = backend.build(imported, profile.tvm_target(), system_lib=True, records=records)
+            program = build_program(imported, manifest, backend.no_byte_tensors)
+            system = backend.build(program, profile.tvm_target(), system_lib=True, records=records)
             static_lib = export_model_static(system.executable, Path(tmp) / "libmodel.a", compilers.cc,
                                              meta_text=meta)
 
         say("Writing the bundle")
         write_c_bundle(staging, runtime, model_shared=build_dir / manifest.artifacts["device_library"].path,
                        model_static=static_lib, meta_text=meta)
+        (staging / "include" / HEADER).write_text(model_header(manifest))
         # the plug-in's static archive too, also where there is no static runner (the user's program may link it)
         extra = backend.runtime_files(profile.triple, compilers, log=say)
         if extra:

@@ -56,6 +56,7 @@ from edgepack.packaging.android.java import (
     model_name_of,
 )
 from edgepack.packaging.android.javac import compile_java_api, find_android_jar, make_jar
+from edgepack.processing import build_program, model_input_shapes
 from edgepack.profiles import get_profile, profile_from_dict
 from edgepack.progress import Progress, reporter
 from edgepack.toolchain.android_ndk import ABIS, MIN_SDK, AbiSpec, Ndk, find_ndk
@@ -184,8 +185,9 @@ def package_android(
             else:
                 say(f"Compiling the model for {abi.name}")
                 if imported is None:
-                    imported = import_model(build_dir / manifest.model_file,
-                                            {t.name: tuple(t.shape) for t in manifest.inputs})
+                    imported = build_program(import_model(build_dir / manifest.model_file,
+                                                          model_input_shapes(manifest)),
+                                             manifest, backend.no_byte_tensors)
                 exe = backend.build(imported, _abi_target(profile, abi)).executable
                 model_lib = export_model_shared(exe, tmp / abi.name / "model.so", cxx, meta_text=meta, cc=cc,
                                                        options=["-s", *abi.runtime_flags], log=None)

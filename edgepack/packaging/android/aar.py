@@ -22,8 +22,10 @@ from edgepack.packaging.android.java import (
     java_tensors,
     model_library_name,
     model_name_of,
+    takes_bitmaps,
 )
 from edgepack.packaging.android.javac import zip_write
+from edgepack.processing import manifest_plan
 from edgepack.progress import Progress
 from edgepack.toolchain.android_ndk import MIN_SDK
 from edgepack.toolchain.sources import C_API, source_dir
@@ -253,6 +255,15 @@ def usage_text(manifest: BuildManifest, java_package: str, class_name: str, aar_
     java_in = "\n".join(f"    {t.buffer_type} {t.ident} = {cls}.{t.allocator}();   // fill it" for t in inputs)
     kt_in = "\n".join(f"    val {t.ident} = {cls}.{t.allocator}()   // fill it" for t in inputs)
     args = ", ".join(t.ident for t in inputs)
+    plan = manifest_plan(manifest)
+    processing = ""
+    if plan is not None:
+        lines = [f"- `{t.name}`: {plan.describe(t.name)}" for t in (*inputs, *outputs) if plan.describe(t.name)]
+        processing = ("\nPre- and post-processing are compiled into the model (edgepack's docs/processing.md):\n\n"
+                      + "\n".join(lines) + "\n")
+        if takes_bitmaps(manifest):
+            processing += (f"\nFrom an Android `Bitmap` of `{cls}.FRAME_WIDTH` x `{cls}.FRAME_HEIGHT` pixels: "
+                           "`model.run(bitmap)`.\n")
     return f"""# {model_name_of(manifest)} for Android (edgepack)
 
 Add the AAR to your app and call the generated class `{java_package}.{cls}`:
@@ -281,7 +292,7 @@ Kotlin:
 | | tensor | dtype | shape | buffer |
 | --- | --- | --- | --- | --- |
 {io}
-
+{processing}
 Buffers are direct NIO buffers in native byte order (the `new...Buffer()` methods make them 64-byte aligned,
 so inputs are read in place, without a copy). Errors are `ai.edgepack.EdgepackException` with the native
 runtime's message. `run(inputs..., outputs...)` writes into buffers you keep and reuse.

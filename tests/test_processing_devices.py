@@ -1,0 +1,250 @@
+"""Processing compiled into real models, end to end on every path a build runs on: BlazeFace (TFLite,
+NHWC) with rgb8 and NV21 frames, MobileNetV2 (ONNX, NCHW) with bgr8 frames and top-5, and a detector
+with NMS, validated against the independent reference on this machine, under qemu (rpi4, rpi3), on
+PoCL (OpenCL) and lavapipe (Vulkan); the C runner reading a uint8 .npy frame; the Java API running a
+frame (ByteBuffer and Bitmap) on the JVM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from gpu_common import apt_install
+from model_factory import onnx_detector
+
+from edgepack.backends import get_backend
+from edgepack.compiling import compile_model
+from edgepack.errors import EdgepackError
+from edgepack.manifest import read_manifest
+from edgepack.packaging.c import package_c, run_bundle
+from edgepack.processing import manifest_plan, picture_frames, random_frames, run_processed_reference
+from edgepack.profiles import get_profile
+from edgepack.toolchain.compilers import emulator_command
+from edgepack.validation import compare, validate
+
+MNV2_PRE = "input=image:bgr8,size=480x640,resize=bilinear,mean=123.7/116.3/103.5,std=58.4/57.1/57.4"
+CASES = {
+    "mobilenetv2-bgr8-top5": ("mobilenetv2", [MNV2_PRE], ["logits=topk:5"]),
+    "blazeface-rgb8": ("face_detection_short_range", ["input=image:rgb8,mean=127.5,std=127.5"],
+                       ["classificators=sigmoid"]),
+    "blazeface-nv21": ("face_detection_short_range", ["input=image:nv21,size=240x320,mean=127.5,std=127.5"], []),
+    "detector-nms": ("detector", ["input=image:rgb8,size=96x128,mean=127.5,std=127.5"],
+                     ["boxes,scores=nms:iou=0.45,score=0.5,max=100,boxes=cxcywh"]),
+}
+
+
+@pytest.fixture(scope="session")
+def processed(models, tmp_path_factory):
+    """``get(case, profile)``: the case's model compiled with its processing, once per session."""
+    root = tmp_path_factory.mktemp("processed")
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(case: str, profile: str) -> Path:
+        if (case, profile) not in built:
+            name, pre, post = CASES[case]
+            model = onnx_detector(root / "detector.onnx") if name == "detector" else models[name].path
+            built[(case, profile)] = compile_model(model, profile, root / f"{case}-{profile}", preprocess=pre,
+                                                   postprocess=post).output_dir
+        return built[(case, profile)]
+
+    return get
+
+
+def _check(build: Path, on: str) -> None:
+    report = validate(build, on)
+    assert report.passed, report
+    assert report.inputs == "random frames (seed 0) and a test picture"
+    assert report.reference.endswith("with the processing as ONNX (pre) and NumPy (post)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_processed_models_validate_here_and_under_qemu(processed, case, profile):
+    build = processed(case, profile)
+    manifest = read_manifest(build)
+    assert manifest.inputs[0].dtype == "uint8" and manifest.processing is not None
+    _check(build, "host")
+    _check(build, "emulator")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPUs on this machine
+
+
+def _gpu(name: str, packages: list[str]):
+    backend = get_backend(name)
+    ok, found, _hint = backend.driver_status()
+    if not ok and (why := apt_install(packages, found)):
+        pytest.skip(why)
+    try:
+        backend.require_device()
+    except EdgepackError as err:
+        pytest.skip(str(err))
+    return backend
+
+
+@pytest.fixture(scope="session")
+def opencl_device():
+    return _gpu("opencl", ["pocl-opencl-icd", "ocl-icd-libopencl1"])
+
+
+@pytest.fixture(scope="session")
+def vulkan_device():
+    return _gpu("vulkan", ["mesa-vulkan-drivers", "libvulkan1"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_processed_models_validate_on_opencl(processed, opencl_device, case):
+    build = processed(case, "x86-64-opencl")
+    gpu = read_manifest(build).extra["opencl"]
+    assert gpu["cpu_fallback"] == []
+    names = [f["name"] for f in gpu["functions"]]
+    assert any(n.startswith("fused_frame_pixels") for n in names), names  # the pre-processing: one kernel
+    _check(build, "host-opencl")
+    if case == "detector-nms":  # the static C bundle compiles the processed program again: one binary here
+        bundle = package_c(build, build.parent / f"{build.name}-c", force=True)
+        frames = random_frames(manifest_plan(read_manifest(build)), seed=3)
+        outputs = run_bundle(bundle.output_dir, frames, emulate=False, static=True).outputs
+        _assert_matches(build, outputs, _reference(build, frames["input"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_processed_models_validate_on_vulkan(processed, vulkan_device, case):
+    build = processed(case, "vulkan-generic")
+    assert read_manifest(build).extra["vulkan"]["cpu_fallback"] == []
+    _check(build, "host-vulkan")
+
+
+# ----------------------------------------------------------------------------------------------
+# the C runner and the Java API
+
+
+def _reference(build: Path, frame: np.ndarray) -> list[np.ndarray]:
+    manifest = read_manifest(build)
+    plan = manifest_plan(manifest)
+    return run_processed_reference(build / manifest.model_file, manifest.model_format, plan, {"input": frame}).outputs
+
+
+def _assert_matches(build: Path, outputs, expected) -> None:
+    for spec, a, e in zip(read_manifest(build).outputs, outputs, expected):
+        result = compare(spec.name, np.asarray(a), e, 1e-4, 1e-3)
+        assert result.passed, result
+
+
+@pytest.mark.slow
+def test_c_runner_reads_a_uint8_npy_frame(processed, tmp_path):
+    build = processed("mobilenetv2-bgr8-top5", "rpi4")
+    bundle = package_c(build, tmp_path / "c")
+    header = (bundle.output_dir / "include" / "edgepack_model.h").read_text()
+    assert "#define EDGEPACK_MODEL_INPUT_FRAME_HEIGHT 480" in header and "logits_indices  int32 [1, 5]" in header
+    program = tmp_path / "uses_header.c"
+    program.write_text('#include "edgepack.h"\n#include "edgepack_model.h"\n'
+                       "int main(void) { return EDGEPACK_MODEL_INPUT_FRAME_BYTES == 480 * 640 * 3 "
+                       "&& EDGEPACK_MODEL_OUTPUT_LOGITS_SCORES == 1 ? 0 : 1; }\n")
+    subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{bundle.output_dir / 'include'}",
+                    str(program)], check=True, capture_output=True)
+    plan = manifest_plan(read_manifest(build))
+    frame = picture_frames(plan)["input"]
+    expected = _reference(build, frame)
+    # the runner itself, as a user runs it on the device: a .npy frame in, .npy answers out
+    np.save(tmp_path / "frame.npy", frame)
+    out = tmp_path / "out"
+    out.mkdir()
+    for runner in ("edgepack_run", "edgepack_run_static"):
+        argv = [*emulator_command(get_profile("rpi4")), str(bundle.output_dir / "bin" / runner)]
+        argv += [str(bundle.output_dir / "lib" / "model.so")] if runner == "edgepack_run" else []
+        result = subprocess.run([*argv, "--input", f"input={tmp_path / 'frame.npy'}", "--output-dir", str(out)],
+                                capture_output=True, text=True, timeout=600, check=False)
+        assert result.returncode == 0, result.stderr
+        assert "output 0 logits_indices int32" in result.stdout, result.stdout
+        _assert_matches(build, [np.load(sorted(out.glob(f"{i}_*.npy"))[0]) for i in range(2)], expected)
+    # edgepack.run_bundle and `edgepack run` with an .npz of frames
+    _assert_matches(build, run_bundle(bundle.output_dir, {"input": frame}).outputs, expected)
+    frames = random_frames(plan, seed=5)
+    np.savez(tmp_path / "frames.npz", **frames)
+    cli = run_cli("run", str(bundle.output_dir), "--inputs", str(tmp_path / "frames.npz"), "--json", check=True)
+    data = json.loads(cli.stdout)
+    assert [o["name"] for o in data["outputs"]] == ["logits_indices", "logits_scores"]
+    want = _reference(build, frames["input"])
+    assert data["outputs"][0]["values"] == want[0].ravel().tolist()
+
+
+JAVA_FRAME_HARNESS = """
+import {package}.{cls};
+import android.graphics.Bitmap;
+import java.nio.*;
+import java.nio.file.*;
+
+public class RunFrame {{
+  public static void main(String[] a) throws Exception {{
+    byte[] rgb = Files.readAllBytes(Paths.get(a[1]));
+    int h = {cls}.FRAME_HEIGHT, w = {cls}.FRAME_WIDTH;
+    int[] colors = new int[h * w];
+    for (int i = 0; i < h * w; i++) {{
+      colors[i] = 0xff000000 | (rgb[3 * i] & 0xff) << 16 | (rgb[3 * i + 1] & 0xff) << 8 | (rgb[3 * i + 2] & 0xff);
+    }}
+    try ({cls} model = {cls}.load(new java.io.File(a[0]))) {{
+      ByteBuffer frame = {cls}.newInputBuffer();
+      frame.put(Files.readAllBytes(Paths.get(a[2])));
+      frame.rewind();
+      {cls}.Outputs fromFrame = model.run(frame);
+      {cls}.Outputs fromBitmap = model.run(Bitmap.createBitmap(colors, w, h, Bitmap.Config.ARGB_8888));
+      for ({cls}.Outputs out : new {cls}.Outputs[] {{fromFrame, fromBitmap}}) {{
+        StringBuilder line = new StringBuilder();
+        for (int k = 0; k < out.logitsIndices.limit(); k++) line.append(out.logitsIndices.get(k)).append(' ');
+        for (int k = 0; k < out.logitsScores.limit(); k++) line.append(out.logitsScores.get(k)).append(' ');
+        System.out.println(line.toString().trim());
+      }}
+      try {{
+        model.run(Bitmap.createBitmap(colors, w - 1, h, Bitmap.Config.ARGB_8888));
+      }} catch (ai.edgepack.EdgepackException e) {{
+        System.out.println("refused: " + e.getMessage());
+      }}
+    }}
+  }}
+}}
+"""
+
+
+@pytest.mark.slow
+def test_java_api_runs_a_frame_and_a_bitmap_on_the_jvm(processed, tmp_path):
+    from test_android import PACKAGE, _needs, compile_api, java
+
+    from edgepack.packaging.android.aar import JNI_LIBRARY, build_jni_library
+    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
+    from edgepack.packaging.android.java import android_stub_sources, generate_java_sources
+    from edgepack.processing import synthetic_picture
+    from edgepack.toolchain import tvm_runtime
+
+    _needs("javac", "java", "gcc")
+    build = processed("mobilenetv2-bgr8-top5", "host")
+    manifest = read_manifest(build)
+    source = generate_java_sources(manifest, PACKAGE, "Classifier")[f"{PACKAGE.replace('.', '/')}/Classifier.java"]
+    assert "public Outputs run(Bitmap bitmap)" in source and "FRAME_FORMAT = \"bgr8\"" in source
+    assert "resized bilinear (half-pixel centres) to 224x224" in source
+    stubs = compile_java(android_stub_sources(), tmp_path / "stubs", werror=True)
+    runtime = tvm_runtime.host_runtime()
+    libs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
+    jni = build_jni_library(runtime, tmp_path / "jni" / JNI_LIBRARY, "gcc", jdk_include_dirs(), werror=True, rpath=libs)
+    classes = compile_api(manifest, "Classifier", tmp_path, stubs,
+                          {"RunFrame.java": JAVA_FRAME_HARNESS.format(package=PACKAGE, cls="Classifier")})
+    rgb = synthetic_picture(480, 640)
+    frame = np.ascontiguousarray(rgb[..., ::-1])  # bgr8, as Frames.fromBitmap makes it
+    (tmp_path / "rgb.bin").write_bytes(rgb.tobytes())
+    (tmp_path / "frame.bin").write_bytes(frame.tobytes())
+    out = java([tmp_path / "api", classes, stubs], "RunFrame", build / manifest.artifacts["device_library"].path,
+               tmp_path / "rgb.bin", tmp_path / "frame.bin", library_path=[str(jni.parent), *libs], ld_path=libs)
+    lines = out.stdout.strip().splitlines()
+    expected = _reference(build, frame)
+    for line in lines[:2]:  # run(ByteBuffer frame), then run(Bitmap)
+        values = line.split()
+        _assert_matches(build, [np.array([[int(v) for v in values[:5]]], np.int32),
+                                np.array([[float(v) for v in values[5:]]], np.float32)], expected)
+    assert lines[2].startswith("refused: the bitmap is 639x480 (width x height) but the model takes 640x480"), lines
