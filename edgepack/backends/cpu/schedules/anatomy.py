@@ -141,6 +141,14 @@ def _is_padding(sch, block) -> bool:
     return isinstance(value, tvm.ir.Call) and str(getattr(value.op, "name", "")).endswith("if_then_else")
 
 
+def stores_one_value(sch, block) -> bool:
+    """The block computes one element (its body a single store), as TE's blocks do; a block whose body
+    runs loops of its own (e.g. a hand-written top-K row) must not be vectorised or reordered."""
+    from tvm import tirx
+
+    return isinstance(sch.get(block).body, tirx.BufferStore)
+
+
 def static_extent(sch, loop) -> int | None:
     extent = sch.get(loop).extent
     return int(extent.value) if hasattr(extent, "value") else None
@@ -168,7 +176,7 @@ def reduction_anatomy(sch) -> Anatomy | None:
 
     blocks = child_blocks(sch)
     reductions = [i for i, b in enumerate(blocks) if not is_spatial(sch, b)]
-    if len(reductions) != 1:
+    if len(reductions) != 1 or not all(stores_one_value(sch, b) for b in blocks):
         return None
     index = reductions[0]
     block = blocks[index]

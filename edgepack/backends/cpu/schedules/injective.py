@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from edgepack.backends.cpu.schedules.anatomy import child_blocks, is_spatial, trivially_bound
+from edgepack.backends.cpu.schedules.anatomy import child_blocks, is_spatial, stores_one_value, trivially_bound
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
 from edgepack.backends.cpu.schedules.tiling import parallel_vectorize
-
-
-def _stores_one_value(sch, block) -> bool:
-    """The block computes one element (its body a single store), as TE's elementwise blocks do; a block
-    whose body runs loops of its own (e.g. a hand-written top-K row) must not be vectorised."""
-    from tvm import tirx
-
-    return isinstance(sch.get(block).body, tirx.BufferStore)
 
 
 class Injective(CpuRule):
@@ -24,7 +16,7 @@ class Injective(CpuRule):
 
     def schedule(self, sch, cpu: CpuInfo) -> bool:
         blocks = child_blocks(sch)
-        if not blocks or not all(is_spatial(sch, b) and trivially_bound(sch, b) and _stores_one_value(sch, b)
+        if not blocks or not all(is_spatial(sch, b) and trivially_bound(sch, b) and stores_one_value(sch, b)
                                  for b in blocks):
             return False
         for block in blocks[:-1]:

@@ -3,7 +3,13 @@ the innermost axis, several reductions in one kernel."""
 
 from __future__ import annotations
 
-from edgepack.backends.cpu.schedules.anatomy import child_blocks, is_spatial, static_extent, trivially_bound
+from edgepack.backends.cpu.schedules.anatomy import (
+    child_blocks,
+    is_spatial,
+    static_extent,
+    stores_one_value,
+    trivially_bound,
+)
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
 from edgepack.backends.cpu.schedules.tiling import parallel_vectorize, power_of_two_divisor
@@ -21,7 +27,8 @@ class Reduction(CpuRule):
 
     def schedule(self, sch, cpu: CpuInfo) -> bool:
         blocks = child_blocks(sch)
-        if all(is_spatial(sch, b) for b in blocks) or not all(trivially_bound(sch, b) for b in blocks):
+        if all(is_spatial(sch, b) for b in blocks) or \
+                not all(trivially_bound(sch, b) and stores_one_value(sch, b) for b in blocks):
             return False
         for block in blocks[:-1]:
             if is_spatial(sch, block) and len(sch.get_consumers(block)) == 1:
