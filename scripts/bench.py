@@ -1,26 +1,28 @@
 #!/usr/bin/env python3
 """edgepack (untuned and tuned) against ONNX Runtime / LiteRT on this machine, in one run, one table.
 
-    python scripts/bench.py                         # all models, 2 threads: tune, compile, time
+    python scripts/bench.py                         # default models, 1 thread and all cores
     python scripts/bench.py --markdown docs/benchmarks.md
-    python scripts/bench.py --models mobilenetv2 --trials 200 --threads 1
+    python scripts/bench.py --models mobilenetv2 --trials 0 --threads 1    # untuned only
 
 For each test model (scripts/fetch_models.py):
 
-* ``edgepack untuned``: ``compile_model`` for the host profile, TVM's default pipeline;
+* ``edgepack untuned``: ``compile_model`` for the host profile: edgepack's default CPU schedules;
 * ``edgepack tuned``: ``tune_model`` on this machine with a fixed trial budget (``--trials N``, the same
-  for every model unless ``MODEL=N`` gives one its own), then ``compile_model(..., tuning=...)``;
-* ``onnxruntime`` (CPU execution provider, all graph optimisations) or ``litert`` (TFLite models).
+  for every model unless ``MODEL=N`` gives one its own; 0: no tuned rows), then
+  ``compile_model(..., tuning=...)``; tuned once, for the largest thread count;
+* ``onnxruntime`` (CPU execution provider, all graph optimisations) or ``litert`` (TFLite models);
+* with ``--processing``: MobileNetV2 with its pre/post-processing compiled in, against the same
+  processing in NumPy around the unprocessed model (``scripts/bench_processing.py``).
 
-Every runtime uses the same number of threads (``TVM_NUM_THREADS``, ORT ``intra_op_num_threads``,
-LiteRT ``num_threads``); latency is the median of ``--repeat`` timed runs after warm-up runs, the
-ratio is edgepack's median over the reference's median from the same run (below 1: edgepack is
-faster). Each runtime is timed in its own processes (two runtimes' thread pools in one process fight
-over the cores), in blocks interleaved with the other runtimes', so that a change in the machine's
-load hits them alike.
+Every row is timed at each ``--threads`` count (default: 1 and every core), every runtime with the same
+number (``TVM_NUM_THREADS``, ORT ``intra_op_num_threads``, LiteRT ``num_threads``); latency is the median
+of ``--repeat`` timed runs after warm-up runs, the ratio is edgepack's median over the reference's
+median from the same run and thread count (below 1: edgepack is faster). Each runtime is timed in its
+own processes (two runtimes' thread pools in one process fight over the cores), in blocks interleaved
+with the other runtimes', so that a change in the machine's load hits them alike. Compile time is the
+wall-clock time of ``compile_model`` (import, build for this machine, link).
 
-The host profile's target is generic x86-64 unless the profile names a CPU; the bench then uses a
-copy of it with this machine's CPU (``mcpu`` from LLVM) and says so: both rows compile for it.
 Tuning directories are kept under ``--work`` (default: edgepack's cache): rerunning the bench resumes
 tuning where it stopped; with the same ``--trials`` it does not tune again, with more it tunes on.
 """
@@ -51,6 +53,7 @@ DEFAULT_MODELS = ("mobilenetv2", "light_resnet50", "ppocr_cls", "face_detection_
 class Row:
     model: str
     runtime: str
+    threads: int
     median_ms: float
     samples: list[float] = field(default_factory=list)
     ratio: float | None = None  # median / reference median
@@ -96,22 +99,10 @@ def machine() -> dict[str, str]:
 
 
 def host_profile(work: Path):
-    """The host profile, or a copy of it for this machine's CPU when it names none (see the docstring)."""
-    from tvm.target import codegen
+    """The host profile (its target names this machine's CPU: ``mcpu = "native"``)."""
+    from edgepack.profiles import get_profile, host_cpu
 
-    from edgepack.profiles import get_profile
-
-    profile = get_profile("host")
-    if profile.target.get("mcpu"):
-        return profile, ""
-    cpu = codegen.llvm_get_system_cpu()
-    path = work / "host-native.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        'name = "host-native"\ndescription = "This machine, with its CPU (bench)"\nstatus = "supported"\n'
-        'backend = "cpu"\ntriple = "x86_64-linux-gnu"\nrpc_key = "host"\n\n'
-        f'[target]\nkind = "llvm"\nmcpu = "{cpu}"\n\n[toolchain]\ncc = "gcc"\ncxx = "g++"\n')
-    return get_profile(str(path)), f"host profile with mcpu={cpu}"
+    return get_profile("host"), f"mcpu={host_cpu()}"
 
 
 def tvm_runtime_bytes() -> int:
@@ -246,28 +237,32 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     untuned = compile_model(test_model.path, profile, builds / f"{name}-untuned", input_shapes=shapes, force=True)
     untuned_compile = time.perf_counter() - started
 
-    # a rerun with more --trials tunes on from here; schedules are for --threads cores
-    tuning_dir = work / "tuning" / f"{name}-{profile.name}-{args.threads}t"
     trials = args.trials.get(name, args.trials["*"])
-    say(f"{name}: tuning ({trials} trials, resumable in {tuning_dir})")
+    tuned = summary = None
+    if trials:
+        # a rerun with more --trials tunes on from here; schedules are for the largest thread count
+        cores = max(args.threads)
+        tuning_dir = work / "tuning" / f"{name}-{profile.name}-{cores}t"
+        say(f"{name}: tuning ({trials} trials, resumable in {tuning_dir})")
 
-    def progress(p) -> None:
-        if p.last_task is not None and args.verbose:
-            task = p.tasks[p.last_task]
-            say(f"  {p.trials}/{p.trials_budget} {task.name} best {task.best_seconds and task.best_seconds * 1e3:.3f} ms")
+        def progress(p) -> None:
+            if p.last_task is not None and args.verbose:
+                task = p.tasks[p.last_task]
+                say(f"  {p.trials}/{p.trials_budget} {task.name} best "
+                    f"{task.best_seconds and task.best_seconds * 1e3:.3f} ms")
 
-    tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=trials, input_shapes=shapes,
-                              trials_per_batch=args.batch, num_cores=args.threads, on_progress=progress,
-                              log=(lambda m: say(f"  {m}")) if args.verbose else None)
-    if tuned_result.stopped == "interrupted":
-        raise KeyboardInterrupt
-    summary = load_tuning(tuning_dir)
-
-    say(f"{name}: compiling tuned")
-    started = time.perf_counter()
-    tuned = compile_model(test_model.path, profile, builds / f"{name}-tuned", input_shapes=shapes, force=True,
-                          tuning=tuning_dir)
-    tuned_compile = time.perf_counter() - started
+        os.environ["TVM_NUM_THREADS"] = str(cores)  # before TVM starts its thread pool (tuning measures so)
+        tuned_result = tune_model(test_model.path, profile, tuning_dir, trials=trials, input_shapes=shapes,
+                                  trials_per_batch=args.batch, num_cores=cores, on_progress=progress,
+                                  log=(lambda m: say(f"  {m}")) if args.verbose else None)
+        if tuned_result.stopped == "interrupted":
+            raise KeyboardInterrupt
+        summary = load_tuning(tuning_dir)
+        say(f"{name}: compiling tuned")
+        started = time.perf_counter()
+        tuned = compile_model(test_model.path, profile, builds / f"{name}-tuned", input_shapes=shapes, force=True,
+                              tuning=tuning_dir)
+        tuned_compile = time.perf_counter() - started
 
     import numpy as np
 
@@ -276,33 +271,48 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     np.savez(inputs_path, **make_inputs(specs))
     names = [spec.name for spec in specs]
     reference_name = "onnxruntime" if info.format == "onnx" else "litert"
-    runtimes = {
-        "edgepack untuned": {"kind": "tvm", "path": str(untuned.host_library), "names": names},
-        "edgepack tuned": {"kind": "tvm", "path": str(tuned.host_library), "names": names},
-        reference_name: {"kind": reference_name, "path": str(test_model.path)},
-    }
+    runtimes = {"edgepack untuned": {"kind": "tvm", "path": str(untuned.host_library), "names": names}}
+    if tuned is not None:
+        runtimes["edgepack tuned"] = {"kind": "tvm", "path": str(tuned.host_library), "names": names}
+    runtimes[reference_name] = {"kind": reference_name, "path": str(test_model.path)}
     for spec in runtimes.values():
         spec["inputs"] = str(inputs_path)
-    say(f"{name}: timing ({args.repeat} runs each, one process per runtime, interleaved)")
-    samples = time_runtimes(runtimes, args.repeat, args.warmup, args.threads)
-    reference_median = statistics.median(samples[reference_name])
     tvm_bytes = tvm_runtime_bytes()
-    rows = [
-        Row(name, "edgepack untuned", statistics.median(samples["edgepack untuned"]), samples["edgepack untuned"],
-            compile_s=untuned_compile, model_bytes=untuned.device_library.stat().st_size, runtime_bytes=tvm_bytes),
-        Row(name, "edgepack tuned", statistics.median(samples["edgepack tuned"]), samples["edgepack tuned"],
-            compile_s=tuned_compile, tuning_s=summary.seconds, trials=summary.trials,
-            tuned_tasks=f"{summary.tuned_tasks}/{len(summary.tasks)}"
-                        + (", prepacked weights" if summary.meta.weight_prepack else "")
-                        + (", cold-weight timing" if summary.meta.cold_weights else "")
-                        + (", NHWC" if summary.meta.channels_last else ""),
-            model_bytes=tuned.device_library.stat().st_size, runtime_bytes=tvm_bytes),
-        Row(name, reference_name, reference_median, samples[reference_name],
-            model_bytes=test_model.path.stat().st_size,
-            runtime_bytes=ort_runtime_bytes() if reference_name == "onnxruntime" else litert_runtime_bytes()),
-    ]
-    for row in rows:
-        row.ratio = row.median_ms / reference_median
+    rows = []
+    for threads in args.threads:
+        say(f"{name}: timing at {threads} thread(s) ({args.repeat} runs each, one process per runtime, interleaved)")
+        samples = time_runtimes(runtimes, args.repeat, args.warmup, threads)
+        reference_median = statistics.median(samples[reference_name])
+        group = [Row(name, "edgepack untuned", threads, statistics.median(samples["edgepack untuned"]),
+                     samples["edgepack untuned"], compile_s=untuned_compile,
+                     model_bytes=untuned.device_library.stat().st_size, runtime_bytes=tvm_bytes)]
+        if tuned is not None:
+            group.append(Row(
+                name, "edgepack tuned", threads, statistics.median(samples["edgepack tuned"]),
+                samples["edgepack tuned"], compile_s=tuned_compile, tuning_s=summary.seconds, trials=summary.trials,
+                tuned_tasks=f"{summary.tuned_tasks}/{len(summary.tasks)} beat the default",
+                model_bytes=tuned.device_library.stat().st_size, runtime_bytes=tvm_bytes))
+        group.append(Row(name, reference_name, threads, reference_median, samples[reference_name],
+                         model_bytes=test_model.path.stat().st_size,
+                         runtime_bytes=ort_runtime_bytes() if reference_name == "onnxruntime"
+                         else litert_runtime_bytes()))
+        for row in group:
+            row.ratio = row.median_ms / reference_median
+        rows.extend(group)
+    return rows
+
+
+def processing_rows(models, profile, args, work: Path, say) -> list[Row]:
+    """MobileNetV2 with its processing compiled in vs the processing in NumPy (ratio: over NumPy's)."""
+    from bench_processing import processing_rows as measure
+
+    rows = []
+    for threads in args.threads:
+        for data in measure(models["mobilenetv2"].path, profile, work=work, threads=threads, repeat=args.repeat,
+                            say=say):
+            rows.append(Row(data["model"], data["runtime"], threads, data["median_ms"], data["samples"],
+                            ratio=data["ratio"], compile_s=data.get("compile_s"),
+                            model_bytes=data.get("model_bytes"), note=data.get("note", "")))
     return rows
 
 
@@ -313,8 +323,8 @@ def parse_trials(values: list[str]) -> dict[str, int]:
         model, _, number = value.rpartition("=")
         if model and model not in MODELS:
             raise ValueError(f"--trials {value}: unknown model {model!r} (known: {', '.join(MODELS)})")
-        if not number.isdigit() or int(number) <= 0:
-            raise ValueError(f"--trials {value}: expected a positive number of trials, as N or MODEL=N")
+        if not number.isdigit():
+            raise ValueError(f"--trials {value}: expected a number of trials (0: no tuning), as N or MODEL=N")
         budgets[model or "*"] = int(number)
     return budgets
 
@@ -327,12 +337,13 @@ def trials_text(budgets: dict[str, int], models: list[str]) -> str:
 
 def render_markdown(rows: list[Row], meta: dict) -> str:
     lines = [
-        "| model | runtime | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library | runtime |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
+        "| model | runtime | threads | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library "
+        "| runtime |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials}, {r.tuned_tasks})" if r.tuning_s is not None else "-"
-        lines.append(f"| {r.model} | {r.runtime} | {r.median_ms:.2f} | {r.ratio:.2f}x | "
+        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {r.ratio:.2f}x | "
                      f"{'-' if r.compile_s is None else f'{r.compile_s:.1f}'} | {tuning} | {_size(r.model_bytes)} | "
                      f"{_size(r.runtime_bytes)} |")
     return "\n".join(lines)
@@ -344,12 +355,13 @@ def print_table(rows: list[Row], meta: dict) -> None:
 
     table = Table(title=f"edgepack vs ONNX Runtime / LiteRT, {meta['threads']} thread(s), {meta['cpu']}",
                   title_justify="left")
-    for col in ("model", "runtime", "median ms", "vs ORT/LiteRT", "compile s", "tuning", "model lib", "runtime"):
+    for col in ("model", "runtime", "threads", "median ms", "vs ORT/LiteRT", "compile s", "tuning", "model lib",
+                "runtime"):
         table.add_column(col, justify="left" if col in ("model", "runtime", "tuning") else "right")
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials} trials, {r.tuned_tasks})" if r.tuning_s is not None else ""
-        style = "green" if r.runtime == "edgepack tuned" and r.ratio < 1 else None
-        table.add_row(r.model, r.runtime, f"{r.median_ms:.2f}", f"{r.ratio:.2f}x",
+        style = "green" if r.runtime.startswith("edgepack") and r.ratio < 1 else None
+        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", f"{r.ratio:.2f}x",
                       "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning, _size(r.model_bytes),
                       _size(r.runtime_bytes), style=style)
     Console(width=max(160, Console().width)).print(table)
@@ -363,20 +375,16 @@ Latest run of `scripts/bench.py` (numbers from one run on one machine; rerun it 
     {command}
 
 Machine: **{meta['cpu']}**, {meta['cores']}{', ' + meta['memory'] + ' RAM' if 'memory' in meta else ''}{', SIMD: ' + meta['simd'] if 'simd' in meta else ''}.
-Date: {meta['date']}. Threads: **{meta['threads']}** for every runtime (`TVM_NUM_THREADS`, ORT
+Date: {meta['date']}. Threads: **{meta['threads']}**, the same for every runtime of a row (`TVM_NUM_THREADS`, ORT
 `intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in 5 interleaved blocks
 per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
-of the same run (below 1.00x: edgepack is faster).
+of the same run and thread count (below 1.00x: edgepack is faster).
 
-Tuning: MetaSchedule on this machine, **{meta['trials']}** (batches of {meta['batch']}), schedules
-for {meta['threads']} core(s) measured with {meta['threads']} thread(s),
-target {meta['target']}{' (' + meta['profile_note'] + ')' if meta['profile_note'] else ''}. Tuning time is the
-wall-clock time of `edgepack tune` (all runs of the tuning directory); compile time includes importing the model.
-"Prepacked weights": the tuning directory let MetaSchedule choose each convolution's weight layout, and the
-compile rewrote the constant weights into it once (tuning directories made before edgepack did this keep
-the model's weight layout). "Cold-weight timing": candidates were timed with their weights flushed from the
-cache, as they are in the model. "NHWC": convolutions were tuned and compiled channels-last (older
-directories: the model's NCHW).
+Untuned: edgepack's default CPU schedules (`edgepack/backends/cpu/schedules/`), target {meta['target']}
+({meta['profile_note']}). Tuning: MetaSchedule on this machine, **{meta['trials']}** (batches of {meta['batch']}),
+schedules for {max(meta['thread_counts'])} core(s); every kernel's default schedule is measured first and a record
+is applied only where it beats it ("tasks": how many). Tuning time is the wall-clock time of `edgepack tune` (all runs of
+the tuning directory); compile time is `compile_model`'s, import included.
 Model library: the stripped `device/model.so` of the build, or the model file for ONNX Runtime/LiteRT.
 Runtime: `libtvm_runtime.so` + `libtvm_ffi.so`; `libonnxruntime.so`; LiteRT's native libraries
 (`libpywrap_litert_common.so` + interpreter wrapper) as shipped in their Python wheels.
@@ -395,7 +403,10 @@ Versions: {meta['versions']}.
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every runtime")
+    parser.add_argument("--threads", default="1,all",
+                        help="comma-separated thread counts, each timed for every runtime ('all': every core)")
+    parser.add_argument("--processing", action="store_true",
+                        help="also time MobileNetV2 with compiled-in pre/post-processing vs NumPy processing")
     parser.add_argument("--trials", nargs="+", default=["600"], metavar="N|MODEL=N",
                         help="tuning trials per model (default 600); MODEL=N gives one model its own budget, "
                              "e.g. --trials 600 mobilenetv2=2400")
@@ -417,8 +428,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(time_one(json.loads(args.time_one))))
         return 0
 
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM starts its thread pool (tuning measures so)
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from edgepack.run.threads import physical_cores
+
+    try:
+        args.threads = sorted({physical_cores() if t.strip() == "all" else int(t) for t in args.threads.split(",")})
+        assert args.threads and min(args.threads) > 0
+    except (ValueError, AssertionError):
+        parser.error(f"--threads {args.threads}: expected counts like 1,2 or 1,all")
     import importlib.metadata as md
 
     from fetch_models import ensure_models
@@ -432,16 +448,16 @@ def main(argv: list[str] | None = None) -> int:
     args.work = args.work or cache_root() / "bench"
     args.work.mkdir(parents=True, exist_ok=True)
     profile, note = host_profile(args.work)
-    if note:
-        say(f"Using the {note}")
     rows: list[Row] = []
     for name in args.models:
         rows.extend(bench_model(name, models[name], profile, args, args.work, say))
+    if args.processing:
+        rows.extend(processing_rows(models, profile, args, args.work, say))
 
     info = machine()
     versions = ", ".join(f"{p} {md.version(p)}" for p in ("apache-tvm", "apache-tvm-ffi", "onnxruntime", "ai-edge-litert"))
     target = " ".join(f"{k}={v}" for k, v in profile.target.items())
-    meta = info | {"threads": args.threads, "repeat": args.repeat, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
+    meta = info | {"threads": " and ".join(map(str, args.threads)), "thread_counts": args.threads, "repeat": args.repeat, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
                    "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                    "profile_note": note, "target": f"`{target}`", "versions": versions}
     print_table(rows, meta)

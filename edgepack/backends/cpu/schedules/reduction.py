@@ -3,6 +3,8 @@ the innermost axis, several reductions in one kernel."""
 
 from __future__ import annotations
 
+from math import prod
+
 from edgepack.backends.cpu.schedules.anatomy import (
     child_blocks,
     is_spatial,
@@ -12,7 +14,7 @@ from edgepack.backends.cpu.schedules.anatomy import (
 )
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
-from edgepack.backends.cpu.schedules.tiling import parallel_vectorize, power_of_two_divisor
+from edgepack.backends.cpu.schedules.tiling import PARALLEL_MIN_ELEMENTS, parallel_vectorize, power_of_two_divisor
 
 
 class Reduction(CpuRule):
@@ -54,7 +56,8 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
     sch.reorder(*spatial, *reduce)
     if spatial:
         rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        if (static_extent(sch, rows) or 1) > 1:
+        size = prod(static_extent(sch, loop) or 1 for loop in sch.get_loops(block))
+        if (static_extent(sch, rows) or 1) > 1 and size >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(rows)
     innermost = reduce[-1]
     extent = static_extent(sch, innermost) or 1

@@ -18,12 +18,17 @@ folds the rewrite into the constants), so every weight load is one contiguous ve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from edgepack.backends.cpu.schedules.anatomy import Anatomy, child_blocks, is_spatial, static_extent
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 
 MAX_REGISTER_REPEAT = 16  # unrolled repeats along the register axis
 MAX_VECTOR_REPEAT = 8  # vectors side by side along the vector axis
+# Below these a kernel runs on one thread: waking the pool's workers and joining them costs a few
+# microseconds, more than a kernel of ~10 us gains, and far more on a loaded machine
+PARALLEL_MIN_MULTIPLY_ADDS = 1 << 18
+PARALLEL_MIN_ELEMENTS = 1 << 16
 
 
 def divisors(n: int) -> list[int]:
@@ -94,7 +99,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
     reductions = [loops[k] for k in anatomy.reduce]
     sch.reorder(*outer, *reductions, *inner)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if (static_extent(sch, fused) or 1) > 1:
+    if (static_extent(sch, fused) or 1) > 1 and prod(anatomy.extents) >= PARALLEL_MIN_MULTIPLY_ADDS:
         sch.parallel(fused)
 
     # accumulate in registers; the epilogue (every elementwise block after) runs once per tile
@@ -162,9 +167,10 @@ def parallel_vectorize(sch, block, cpu: CpuInfo) -> None:
     lanes = power_of_two_divisor(innermost, cpu.lanes(bits))
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = static_extent(sch, flat) or 1
+    elements = total
     if lanes > 1:
         outer, lane = sch.split(flat, [None, lanes])
         sch.vectorize(lane)
         flat, total = outer, total // lanes
-    if total > 1:
+    if total > 1 and elements >= PARALLEL_MIN_ELEMENTS:
         sch.parallel(flat)
