@@ -177,3 +177,66 @@ def onnx_passthrough(path: Path, shape: tuple[int, ...], *, name: str = "input",
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
+    """One ONNX model with a layer of every kind edgepack's CPU schedule rules take, shapes chosen to hit
+    their corner cases (channel counts that are not multiples of the SIMD width, groups of 6 channels,
+    odd spatial sizes): regular 3x3 convolution with padding, depthwise stride-2, grouped 1x1, pointwise
+    with a residual add, max and average pooling, global average pooling, a dense layer with softmax,
+    layer normalisation, and a batched matmul of two activations. Outputs: ``logits`` [1, 10] (softmax),
+    ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def const(name, array, dtype=np.float32):
+        inits.append(numpy_helper.from_array(np.asarray(array, dtype), name))
+        return name
+
+    def conv(x, cin, cout, k, stride, name, group=1, relu=True):
+        w = rng.normal(0, np.sqrt(2.0 / (cin // group * k * k)), (cout, cin // group, k, k))
+        nodes.append(helper.make_node("Conv", [x, const(f"{name}.w", w), const(f"{name}.b", rng.normal(0, 0.1, cout))],
+                                      [name], kernel_shape=[k, k], strides=[stride] * 2, pads=[k // 2] * 4,
+                                      group=group))
+        if relu:
+            nodes.append(helper.make_node("Relu", [name], [f"{name}.relu"]))
+            return f"{name}.relu"
+        return name
+
+    x = conv("input", 3, 12, 3, 1, "c1")                                  # regular 3x3, 12 channels
+    x = conv(x, 12, 12, 3, 2, "dw", group=12)                             # depthwise, stride 2
+    x = conv(x, 12, 24, 1, 1, "grouped", group=2)                         # grouped 1x1, 6 per group
+    y = conv(x, 24, 24, 1, 1, "pw", relu=False)                           # pointwise + residual
+    nodes.append(helper.make_node("Add", [x, y], ["res"]))
+    nodes.append(helper.make_node("MaxPool", ["res"], ["maxpool"], kernel_shape=[3, 3], strides=[1, 1],
+                                  pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("AveragePool", ["maxpool"], ["features"], kernel_shape=[3, 3],
+                                  strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0))
+    nodes.append(helper.make_node("GlobalAveragePool", ["features"], ["gap"]))
+    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
+    nodes.append(helper.make_node("Gemm", ["flat", const("fc.w", rng.normal(0, 0.2, (10, 24))),
+                                           const("fc.b", rng.normal(0, 0.1, 10))], ["fc"], transB=1))
+    nodes.append(helper.make_node("Softmax", ["fc"], ["logits"], axis=1))
+    half = size // 2
+    nodes.append(helper.make_node("Reshape", ["features", const("rows", [1, 24, half * half], np.int64)], ["seq"]))
+    nodes.append(helper.make_node("LayerNormalization", ["seq", const("ln.g", rng.normal(1, 0.1, half * half)),
+                                                         const("ln.b", rng.normal(0, 0.1, half * half))],
+                                  ["normed"], axis=-1))
+    nodes.append(helper.make_node("Reshape", ["normed", const("heads", [1, 4, 6, half * half], np.int64)], ["q"]))
+    nodes.append(helper.make_node("Transpose", ["q"], ["k"], perm=[0, 1, 3, 2]))
+    nodes.append(helper.make_node("MatMul", ["q", "k"], ["attention"]))
+    graph = helper.make_graph(
+        nodes, "layer_zoo", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10]),
+         helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 24, half, half]),
+         helper.make_tensor_value_info("attention", TensorProto.FLOAT, [1, 4, 6, 6]),
+         helper.make_tensor_value_info("normed", TensorProto.FLOAT, [1, 24, half * half])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

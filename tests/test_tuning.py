@@ -60,6 +60,23 @@ def _fake_dir(root: Path, records: list[tuple[int, float | None]]) -> Path:
     return root
 
 
+def test_records_apply_only_where_they_beat_the_default_schedule(tmp_path):
+    from edgepack.tuning.records import best_records, record_default
+
+    d = _fake_dir(tmp_path / "t", [(0, 0.004), (0, 0.002), (1, 0.001)])
+    record_default(d, "111", "cpu.Conv2D", 0.003)  # conv: the best record (2 ms) beats its default (3 ms)
+    record_default(d, "222", "cpu.Injective", 0.001)  # add: its only record is the default itself
+    summary = load_tuning(d)
+    conv, add = summary.tasks
+    assert (conv.default_rule, conv.default_seconds, conv.tuned) == ("cpu.Conv2D", 0.003, True)
+    assert conv.speedup == pytest.approx(1.5)
+    assert not add.tuned and summary.tuned_tasks == 1
+    workloads, records = best_records(d)
+    assert [w[0] for w in workloads] == ["111"] and len(records) == 1  # the add keeps its default schedule
+    table = run_cli("tuning", "show", str(d), check=True).stdout
+    assert "1.50x" in table and "default" in table and "1 task(s) keep their default schedule" in table
+
+
 def test_parse_duration():
     assert parse_duration("30m") == 1800
     assert parse_duration("1h30m") == 5400
@@ -226,7 +243,7 @@ def test_tuning_show_cli(tmp_path):
     data = json.loads(shown.stdout)
     assert data["trials"] == 3 and [t["trials"] for t in data["tasks"]] == [2, 1]
     table = run_cli("tuning", "show", str(d), check=True).stdout
-    for needle in ("fused_conv", "share", "80.0%", "3 trials over 2/2 tasks"):
+    for needle in ("fused_conv", "share", "80.0%", "default ms", "3 trials; 2/2 tasks have a record faster than their default"):
         assert needle in table, table
     assert_clean_error(run_cli("tuning", "show", str(tmp_path / "nothing")), "is not a tuning directory")
 

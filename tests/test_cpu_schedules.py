@@ -1,0 +1,127 @@
+"""edgepack's default CPU schedules (edgepack/backends/cpu/schedules/): every kernel of an untuned CPU
+build gets one, the build says which, and the scheduled code computes what ONNX Runtime / LiteRT do,
+here and under qemu for the ARM profiles (their code is another compile: 4 NEON lanes, 32 or 16
+vector registers)."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from model_factory import onnx_layer_zoo
+
+from edgepack.backends.cpu.schedules import CpuInfo, default_rules
+from edgepack.backends.cpu.schedules.tiling import choose_tile
+from edgepack.compiling import compile_model
+from edgepack.validation import validate
+
+RULES = {"cpu.Conv2D", "cpu.Matmul", "cpu.Pool", "cpu.Reduction", "cpu.Injective"}
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    return onnx_layer_zoo(tmp_path_factory.mktemp("zoo") / "zoo.onnx")
+
+
+def _cpu_report(build_dir):
+    return json.loads((build_dir / "manifest.json").read_text())["extra"]["cpu"]
+
+
+def test_cpu_info_reads_the_target_not_this_machine():
+    import tvm
+
+    def info(spec):
+        return CpuInfo.of(tvm.target.Target(spec))
+
+    assert info({"kind": "llvm", "mcpu": "znver4"}) == CpuInfo("x86_64", 512, 32)
+    assert info({"kind": "llvm", "mcpu": "haswell"}) == CpuInfo("x86_64", 256, 16)
+    assert info({"kind": "llvm"}).vector_bits == 128  # no mcpu: LLVM emits SSE2 only
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}) == CpuInfo("aarch64", 128, 32)
+    rpi3 = {"kind": "llvm", "mtriple": "armv7a-unknown-linux-gnueabihf", "mcpu": "cortex-a53",
+            "mattr": ["+neon", "+vfp4", "+thumb2"], "mfloat-abi": "hard"}
+    assert info(rpi3) == CpuInfo("arm", 128, 16)
+
+
+def test_register_tiles_fit_the_registers_and_divide_their_axes():
+    avx512, neon32 = CpuInfo("x86_64", 512, 32), CpuInfo("arm", 128, 16)
+    for vector, register, group in [(144, 56, None), (24, 56, None), (1000, 1, None), (136, 28, 34), (3, 7, None),
+                                    (1280, 7, None), (64, 111, None)]:
+        for cpu in (avx512, neon32):
+            tile = choose_tile(vector, register, cpu.lanes(32), cpu, group)
+            assert (group or vector) % (tile.lanes * tile.vectors) == 0 and register % tile.repeat == 0
+            assert tile.lanes & (tile.lanes - 1) == 0 and tile.lanes <= cpu.lanes(32)  # a power of two: no
+            assert tile.accumulators <= cpu.accumulators                                # odd-width vectors
+            assert tile.accumulators + tile.vectors + 1 <= cpu.vector_registers
+    assert choose_tile(144, 56, 16, avx512).lanes == 16  # 144 = 9 x 16 (not 24-wide vectors)
+    assert choose_tile(136, 28, 16, avx512, group=34).lanes == 2  # a vector never crosses a group
+
+
+def test_every_kernel_of_an_untuned_build_has_a_schedule_and_matches_onnxruntime(zoo, tmp_path):
+    result = json.loads(run_cli("compile", str(zoo), "--profile", "host", "-o", str(tmp_path / "host"), "--json",
+                                check=True).stdout)
+    report = result["extra"]["cpu"]
+    assert report["unscheduled"] == [] and set(report["schedules"]) == RULES, report["schedules"]
+    assert report["num_functions"] == sum(report["schedules"].values())
+    by_rule = {f["name"]: f["schedule"] for f in report["functions"]}
+    assert by_rule["softmax1"] == by_rule["layer_norm1"] == "cpu.Reduction"
+    assert by_rule["max_pool2d1"] == by_rule["mean1"] == "cpu.Pool"
+    assert result["target"]["mcpu"] not in (None, "", "native")  # this machine's CPU, named for LLVM
+    text = run_cli("compile", str(zoo), "--profile", "host", "-o", str(tmp_path / "again"), check=True).stdout
+    assert "unscheduled: none" in text and "cpu.Conv2D" in text
+    report = validate(tmp_path / "host", "host")
+    assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+    # threads: the same numbers on one thread and on every core
+    for threads in (1, 2):
+        assert validate(tmp_path / "host", "host", threads=threads).passed
+
+
+def test_a_kernel_no_rule_takes_is_named_in_the_summary(tmp_path):
+    """ONNX TopK becomes TOPI's hand-written sort (no blocks to schedule): it keeps TVM's code, said aloud."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1)], "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 50])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, [1, 5]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, [1, 5])],
+        [numpy_helper.from_array(np.array([5], np.int64), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "topk.onnx"))
+    result = run_cli("compile", str(tmp_path / "topk.onnx"), "--profile", "host", "-o", str(tmp_path / "b"),
+                     check=True)
+    report = _cpu_report(tmp_path / "b")
+    assert report["unscheduled"], report
+    assert "unscheduled: " in result.stdout and report["unscheduled"][0] in " ".join(result.stdout.split())
+    assert validate(tmp_path / "b", "host").passed
+
+
+def test_rules_leave_kernels_of_other_forms_alone():
+    """A rule returns None for what is not its kernel, so the next one is tried (never a wrong schedule)."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 33), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(relax.op.exp(x), axis=-1))
+        bb.emit_func_output(out)
+    with tvm.target.Target({"kind": "llvm"}):
+        mod = relax.transform.LegalizeOps()(bb.get())
+    func = next(f for _g, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "softmax" in _g.name_hint)
+    target = tvm.target.Target({"kind": "llvm"})
+    taken = [rule.rule_name for rule in default_rules() if rule.apply(func, target) is not None]
+    assert taken[0] == "cpu.Reduction"  # several reductions: not a tiled rule's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_default_schedules_compute_the_same_under_qemu(zoo, tmp_path, profile):
+    build = compile_model(zoo, profile, tmp_path / profile).output_dir
+    report = _cpu_report(build)
+    assert report["unscheduled"] == [] and set(report["schedules"]) == RULES
+    result = validate(build, "emulator")
+    assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]
+    assert validate(build, "emulator", threads=2).passed
