@@ -168,8 +168,10 @@ def output_specs(imported: ImportedModel) -> tuple[TensorSpec, ...]:
     """The compiled model's outputs: names from the model, static shapes from the Relax function."""
     from tvm import relax
 
-    ret = imported.mod["main"].ret_ty
-    fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    def flat(ty) -> list:  # nested tuples (ONNX sequences) come out flat, as every runner returns them
+        return [f for field in ty.fields for f in flat(field)] if isinstance(ty, relax.TupleType) else [ty]
+
+    fields = flat(imported.mod["main"].ret_ty)
     names = [t.name for t in imported.info.outputs]
     if len(names) != len(fields):
         names = [f"output_{i}" for i in range(len(fields))]

@@ -257,9 +257,12 @@ def export_model_shared(
             meta_cc = cc or c_compiler_for(cxx)
             addons.append(str(_compile_meta_object(meta_text, "", Path(tmp_name) / "edgepack_meta.o", meta_cc,
                                                    options, False, log)))
+        # the triple of cxx, not of this machine's compiler (TVM's default): a model without kernels
+        # (no LLVM module to take it from) has its imports packed into an object file for this triple
+        fcompile = tvm_cc.cross_compiler(cxx, options=list(options),
+                                         get_target_triple=tvm_cc.get_target_by_dump_machine(cxx))
         try:
-            executable.export_library(str(out_path), fcompile=tvm_cc.cross_compiler(cxx, options=list(options)),
-                                      addons=addons)
+            executable.export_library(str(out_path), fcompile=fcompile, addons=addons)
         except Exception as exc:  # TVM raises RuntimeError with the linker output
             raise ToolchainError(f"Linking {out_path.name} with {cxx} failed.", tail(str(exc))) from exc
     return out_path
