@@ -37,7 +37,8 @@ def _meta_name(name: str) -> str:
 
 
 _META_DTYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
-                "uint8", "uint16", "uint32", "uint64", "bool"}
+                "uint8", "uint16", "uint32", "uint64", "bool",
+                "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"}
 
 
 def _as_meta(t: Any) -> TensorMeta:

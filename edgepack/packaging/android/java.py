@@ -32,6 +32,7 @@ _JAVA_BUFFERS = {  # dtype -> (buffer class, ByteBuffer view method or None)
     "int16": ("ShortBuffer", "asShortBuffer"), "uint16": ("ShortBuffer", "asShortBuffer"),
     "int32": ("IntBuffer", "asIntBuffer"), "uint32": ("IntBuffer", "asIntBuffer"),
     "int64": ("LongBuffer", "asLongBuffer"), "uint64": ("LongBuffer", "asLongBuffer"),
+    **{f"float8_{kind}": ("ByteBuffer", None) for kind in ("e4m3fn", "e4m3fnuz", "e5m2", "e5m2fnuz", "e8m0fnu")},
 }
 
 # ----------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@
  *       output <name> <dtype> <d0,d1,...>
  *   one line per tensor, in the order of the model's parameters / results. <name> is
  *   percent-encoded (%XX for '%', white space and bytes outside 0x21..0x7E); <dtype> is one of
- *   float32 float16 bfloat16 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool;
+ *   float32 float16 bfloat16 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool
+ *   float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu;
  *   the shape of a 0-d tensor is "-". Empty lines and lines starting with '#' are ignored.
  *   The metadata is looked up, in this order: the explicit argument of ep_model_open*(); a
  *   function "edgepack_meta" embedded in the model library by edgepack; for ep_model_open() the
@@ -104,7 +105,13 @@ typedef enum {
   EP_DTYPE_UINT16 = 10,
   EP_DTYPE_UINT32 = 11,
   EP_DTYPE_UINT64 = 12,
-  EP_DTYPE_BOOL = 13
+  EP_DTYPE_BOOL = 13,
+  /* 8-bit floats (one byte each, raw bits; names and encodings as in ml_dtypes / ONNX) */
+  EP_DTYPE_FLOAT8_E4M3FN = 14,
+  EP_DTYPE_FLOAT8_E4M3FNUZ = 15,
+  EP_DTYPE_FLOAT8_E5M2 = 16,
+  EP_DTYPE_FLOAT8_E5M2FNUZ = 17,
+  EP_DTYPE_FLOAT8_E8M0FNU = 18
 } ep_dtype;
 
 /** Description of one model input or output (from the metadata). */

@@ -114,6 +114,11 @@ static const ep_dtype_entry ep_dtypes[] = {
     {EP_DTYPE_UINT8, "uint8", kDLUInt, 8},        {EP_DTYPE_UINT16, "uint16", kDLUInt, 16},
     {EP_DTYPE_UINT32, "uint32", kDLUInt, 32},     {EP_DTYPE_UINT64, "uint64", kDLUInt, 64},
     {EP_DTYPE_BOOL, "bool", kDLBool, 8},
+    {EP_DTYPE_FLOAT8_E4M3FN, "float8_e4m3fn", kDLFloat8_e4m3fn, 8},
+    {EP_DTYPE_FLOAT8_E4M3FNUZ, "float8_e4m3fnuz", kDLFloat8_e4m3fnuz, 8},
+    {EP_DTYPE_FLOAT8_E5M2, "float8_e5m2", kDLFloat8_e5m2, 8},
+    {EP_DTYPE_FLOAT8_E5M2FNUZ, "float8_e5m2fnuz", kDLFloat8_e5m2fnuz, 8},
+    {EP_DTYPE_FLOAT8_E8M0FNU, "float8_e8m0fnu", kDLFloat8_e8m0fnu, 8},
 };
 #define EP_NUM_DTYPES (sizeof(ep_dtypes) / sizeof(ep_dtypes[0]))
 
