@@ -34,7 +34,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -173,7 +173,7 @@ def last_line(text: str) -> str:
 
 # What decides the device library a case compiles to (the build key), and how the runner runs it (with
 # the runner's own key, which covers the C API and the TVM runtime).
-BUILD_SOURCES = ("edgepack/frontends", "edgepack/backends", "edgepack/toolchain", "edgepack/compiling.py",
+BUILD_SOURCES = ("scripts/conformance.py", "edgepack/frontends", "edgepack/backends", "edgepack/toolchain", "edgepack/compiling.py",
                  "edgepack/profiles.py", "edgepack/tensors.py", "edgepack/manifest.py", "device_profiles")
 RUN_SOURCES = ("edgepack/run/c_runner.py", "edgepack/tensors.py")
 _DIGESTS: dict[tuple[str, ...], str] = {}
@@ -247,10 +247,11 @@ def _run_on_emulator(place: Place, case: str, model_path: Path, shapes: dict, in
     from edgepack.compiling import export_device_library, output_specs
     from edgepack.errors import EdgepackError
     from edgepack.files import cached_directory
+    from edgepack.frontends.onnx_ops import container_dtype
     from edgepack.manifest import DEVICE_LIBRARY
     from edgepack.paths import cache_root
     from edgepack.profiles import get_profile
-    from edgepack.run.c_runner import run_c_runner, runner_for_profile
+    from edgepack.run.c_runner import as_spec_dtype, run_c_runner, runner_for_profile
     from edgepack.tensors import TensorSpec
     from edgepack.toolchain.compilers import emulator_command, find_compilers
     from edgepack.versions import installed_tvm
@@ -282,14 +283,16 @@ def _run_on_emulator(place: Place, case: str, model_path: Path, shapes: dict, in
         except Exception as exc:  # noqa: BLE001
             (staging / "failure.json").write_text(json.dumps({"kind": "compile", "message": str(exc)}))
             return
+        # ONNX sub-byte types (int4 ...) cross the boundary in 8-bit containers (onnx_ops.to_container)
+        takes = tuple(replace(t, dtype=container_dtype(t.dtype)) for t in imported.inputs)
         try:
-            export_device_library(executable, staging, imported.inputs, outputs, compilers)
+            export_device_library(executable, staging, takes, outputs, compilers)
         except EdgepackError as exc:  # a dtype the C API does not carry, a link failure
             kind = "boundary" if "C runtime does not support" in str(exc) else "compile"
             (staging / "failure.json").write_text(json.dumps({"kind": kind, "message": f"{exc} {exc.hint}".strip()}))
             return
         (staging / "specs.json").write_text(json.dumps({
-            "inputs": [t.to_dict() for t in imported.inputs], "outputs": [t.to_dict() for t in outputs]}))
+            "inputs": [t.to_dict() for t in takes], "outputs": [t.to_dict() for t in outputs]}))
 
     entry = cached_directory(base / f"{case}-{key}", make)
     if (entry / "failure.json").exists():
@@ -305,7 +308,7 @@ def _run_on_emulator(place: Place, case: str, model_path: Path, shapes: dict, in
     saved = entry / f"outputs-{run_key}.npz"
     if saved.exists():
         with np.load(saved) as data:
-            return [data[f"o{i}"] for i in range(len(out_specs))], not built_now
+            return [as_spec_dtype(data[f"o{i}"], spec) for i, spec in enumerate(out_specs)], not built_now
     try:
         result = run_c_runner(prefix, runner, entry / DEVICE_LIBRARY, inputs, in_specs, out_specs,
                               threads=1, timeout=RUN_TIMEOUT_S)

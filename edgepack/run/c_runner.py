@@ -59,12 +59,17 @@ def _hint_for(message: str) -> str:
     return "Run the command again by hand to see the runner's whole output."
 
 
+#: The dtypes the runner's .npy reader knows (ml_dtypes' float8_e5m2 also calls itself '<f1': not one of them).
+_NPY_DTYPES = frozenset(np.dtype(n) for n in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                                               "uint8", "uint16", "uint32", "uint64", "bool"))
+
+
 def write_runner_input(path: Path, array: np.ndarray) -> Path:
     """``array`` as a file the runner reads: ``.npy`` (shape and dtype checked by the runner, 0-d arrays
     included) where NumPy can name the dtype, raw bytes (``.bin``, size checked against the model's
-    metadata) where it cannot (bfloat16, which ``np.save`` writes as opaque ``V2``)."""
+    metadata) where it cannot (bfloat16 and 8-bit floats, which ``np.save`` writes as ``V2``, ``V1``, ``f1``)."""
     array = contiguous(array)
-    if array.dtype.kind in "biuf":
+    if array.dtype in _NPY_DTYPES:
         path = path.with_suffix(".npy")
         np.save(path, array)
     else:
@@ -75,8 +80,12 @@ def write_runner_input(path: Path, array: np.ndarray) -> Path:
 
 def read_runner_output(path: Path, spec: TensorSpec) -> np.ndarray:
     """An output ``.npy`` written by the runner, in the dtype of ``spec`` (bfloat16 arrives as its raw
-    ``uint16`` bits)."""
-    array = np.load(path)
+    ``uint16`` bits, 8-bit floats as ``uint8``)."""
+    return as_spec_dtype(np.load(path), spec)
+
+
+def as_spec_dtype(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """``array`` viewed as the dtype of ``spec`` when it holds the same-sized raw bits of it."""
     want = np.dtype(spec.dtype)
     if array.dtype != want and array.dtype.itemsize == want.itemsize:
         array = array.view(want)
