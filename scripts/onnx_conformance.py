@@ -443,11 +443,13 @@ def run_place(place: Place, args) -> None:
     if args.sample > 1 and not args.filter:
         meta["sample"] = f"every {args.sample}th case in name order"
     last_save = [time.monotonic()]
+    done = [0]
 
     def on_result(res: CaseResult) -> None:
         results[res.case] = res
+        done[0] += 1
         mark = {"pass": ".", "mismatch": "M", "error": "E", "crash": "C", "timeout": "T"}[res.status]
-        print(mark, end="" if len(results) % 80 else "\n", flush=True)
+        print(mark, end="" if done[0] % 80 else f" {done[0]}/{len(todo)}\n", flush=True)
         if time.monotonic() - last_save[0] > 20:
             save_results(path, place, results, meta)
             last_save[0] = time.monotonic()
