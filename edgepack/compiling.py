@@ -31,7 +31,7 @@ from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.progress import Progress, reporter
 from edgepack.tensors import Shape, TensorSpec
 from edgepack.toolchain.compilers import Compilers, find_compilers
-from edgepack.toolchain.model_library import export_model_shared, model_meta_text
+from edgepack.toolchain.model_library import RUNTIME_DIM, export_model_shared, model_meta_text
 from edgepack.tuning.records import apply_tuning, write_best_records
 from edgepack.versions import __version__, installed_tvm
 
@@ -177,9 +177,17 @@ def output_specs(imported: ImportedModel) -> tuple[TensorSpec, ...]:
         names = [f"output_{i}" for i in range(len(fields))]
     specs = []
     for name, tensor_type in zip(names, fields):
-        shape = tuple(int(v) for v in tensor_type.shape.values) if tensor_type.shape is not None else ()
-        specs.append(TensorSpec(name, str(tensor_type.dtype), shape))
+        specs.append(TensorSpec(name, str(tensor_type.dtype), _static_dims(tensor_type)))
     return tuple(specs)
+
+
+def _static_dims(tensor_type) -> tuple:
+    """The output's dimensions; those the model decides at run time (NonZero, Unique ...) are "?"."""
+    from tvm import tirx
+
+    if tensor_type.shape is None:
+        return (RUNTIME_DIM,) * max(int(tensor_type.ndim), 0)
+    return tuple(int(v) if isinstance(v, tirx.IntImm) else RUNTIME_DIM for v in tensor_type.shape.values)
 
 
 def fusion_ir(imported: ImportedModel, target=None) -> tuple[str, str]:

@@ -141,3 +141,38 @@ def onnx_with_scalar_input(path: Path, length: int = 8) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def onnx_with_data_dependent_outputs(path: Path) -> Path:
+    """Operators TVM runs with functions of its Python package (NonZero, Unique: ``relax.run.*``) or of
+    its optional runtime part (TopK: ``tvm.contrib.sort.topk``), two of them with outputs whose shape
+    depends on the data: ``x`` [3, 4] float32 -> ``nonzero`` int64 [2, n] (positions of x > 0),
+    ``top_values``/``top_indices`` [3, 2] (TopK, k = 2), ``unique``/``unique_counts`` [?] (Unique of
+    round(x * 2), sorted)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.float32(0.0), "zero")),
+        helper.make_node("Greater", ["x", "zero"], ["positive"]),
+        helper.make_node("NonZero", ["positive"], ["nonzero"]),
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([2], np.int64), "k")),
+        helper.make_node("TopK", ["x", "k"], ["top_values", "top_indices"], axis=1),
+        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.float32(2.0), "two")),
+        helper.make_node("Mul", ["x", "two"], ["doubled"]),
+        helper.make_node("Round", ["doubled"], ["rounded"]),
+        helper.make_node("Unique", ["rounded"], ["unique", "", "", "unique_counts"], sorted=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "data_dependent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("nonzero", TensorProto.INT64, [2, "n"]),
+         helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [3, 2]),
+         helper.make_tensor_value_info("top_indices", TensorProto.INT64, [3, 2]),
+         helper.make_tensor_value_info("unique", TensorProto.FLOAT, ["u"]),
+         helper.make_tensor_value_info("unique_counts", TensorProto.INT64, ["u"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

@@ -41,7 +41,11 @@ _META_DTYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "i
                 "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"}
 
 
-def _as_meta(t: Any) -> TensorMeta:
+#: An output dimension the model decides at run time (NonZero, Unique ...): "?" in the metadata.
+RUNTIME_DIM = "?"
+
+
+def _as_meta(t: Any, output: bool = False) -> TensorMeta:
     if isinstance(t, TensorMeta):
         return t
     if isinstance(t, tuple | list) and len(t) == 3:
@@ -49,7 +53,8 @@ def _as_meta(t: Any) -> TensorMeta:
     else:
         name, dtype, shape = t.name, t.dtype, t.shape
     dims = tuple(shape)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+    if not all((isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (output and d == RUNTIME_DIM)
+               for d in dims):
         raise EdgepackError(f"Tensor {name!r} has a dynamic or invalid shape {dims}.",
                             "The C runtime needs static shapes: pass concrete input shapes when compiling.")
     if str(dtype) not in _META_DTYPES:
@@ -66,7 +71,7 @@ def model_meta_text(inputs: Iterable[Any], outputs: Iterable[Any]) -> str:
     """
     lines = ["edgepack-model-meta 1"]
     for kind, tensors in (("input", inputs), ("output", outputs)):
-        for t in map(_as_meta, tensors):
+        for t in (_as_meta(t, kind == "output") for t in tensors):
             shape = ",".join(str(d) for d in t.shape) if t.shape else "-"
             lines.append(f"{kind} {_meta_name(t.name)} {t.dtype} {shape}")
     return "\n".join(lines) + "\n"
@@ -90,7 +95,7 @@ def parse_model_meta(text: str) -> tuple[tuple[TensorMeta, ...], tuple[TensorMet
         raise EdgepackError("Not an edgepack metadata file (version 1).")
     found: dict[str, list[TensorMeta]] = {"input": [], "output": []}
     for kind, name, dtype, shape in lines[1:]:
-        dims = () if shape == "-" else tuple(int(d) for d in shape.split(","))
+        dims = () if shape == "-" else tuple(d if d == RUNTIME_DIM else int(d) for d in shape.split(","))
         decoded = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), name)
         found[kind].append(TensorMeta(decoded.encode("latin-1").decode("utf-8"), dtype, dims))
     return tuple(found["input"]), tuple(found["output"])

@@ -44,7 +44,11 @@
  *   percent-encoded (%XX for '%', white space and bytes outside 0x21..0x7E); <dtype> is one of
  *   float32 float16 bfloat16 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool
  *   float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu;
- *   the shape of a 0-d tensor is "-". Empty lines and lines starting with '#' are ignored.
+ *   the shape of a 0-d tensor is "-". An output dimension the model decides at run time (NonZero,
+ *   Unique, NonMaxSuppression ...) is "?": ep_model_output_info() reports it as -1 (byte_size 0)
+ *   before the first run and the extent the last run produced after it, and the output's byte size
+ *   is the produced one. Inputs have static shapes. Empty lines and lines starting with '#' are
+ *   ignored.
  *   The metadata is looked up, in this order: the explicit argument of ep_model_open*(); a
  *   function "edgepack_meta" embedded in the model library by edgepack; for ep_model_open() the
  *   file next to the library with its extension replaced by ".meta" (model.so -> model.meta).
@@ -233,7 +237,8 @@ EP_API ep_status ep_model_set_input_typed(ep_model* model, int index, const void
 EP_API ep_status ep_model_run(ep_model* model);
 
 /**
- * Borrow output `index` of the last run: *out_data points to byte_size bytes owned by the model.
+ * Borrow output `index` of the last run: *out_data points to *out_byte_size bytes owned by the
+ * model (for outputs with '?' dimensions, the size this run produced).
  * Errors: EP_ERR_STATE before the first successful run, EP_ERR_INDEX.
  */
 EP_API ep_status ep_model_get_output(const ep_model* model, int index, const void** out_data,
