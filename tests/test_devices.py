@@ -198,6 +198,19 @@ def test_validate_a_scalar_input_model_on_a_device(env, models, build_cache, tmp
     assert [o["shape"] for o in report["outputs"]] == [[1, 1], [2, 1, 128]]
 
 
+def test_data_dependent_operators_on_a_device(env, tmp_path):
+    """NonZero, TopK and Unique call functions TVM's Python provides on the host; the RPC server registers
+    the C API's versions of them (and the outputs' shapes are the ones each run produced)."""
+    from model_factory import onnx_with_data_dependent_outputs
+
+    from edgepack.compiling import compile_model
+
+    build = compile_model(onnx_with_data_dependent_outputs(tmp_path / "dd.onnx"), "rpi4", tmp_path / "build").output_dir
+    report = _json(_cli(dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"])), "validate", str(build),
+                        "--on", "farm1", "--json", timeout=900))
+    assert report["passed"], report
+
+
 def test_run_on_device_library_matches_the_host(env, cls_build):
     from edgepack.manifest import read_manifest
     from edgepack.run.host import run_on_host

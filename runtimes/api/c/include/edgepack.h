@@ -205,6 +205,15 @@ EP_API ep_status ep_model_close(ep_model** model);
  */
 EP_API ep_status ep_load_plugin(const char* path);
 
+/**
+ * Register the run-time functions that TVM's Python package or its optional runtime part would
+ * provide and that compiled models call: relax.run.nonzero, relax.run.unique (NonZero, Compress,
+ * Unique) and tvm.contrib.sort.argsort/sort/topk (TopK, NonMaxSuppression), each unless something
+ * registered it already. ep_model_open*() calls it; a program that loads models through TVM itself
+ * (edgepack's RPC server) calls it once before. Safe to call more than once.
+ */
+EP_API void ep_register_runtime_builtins(void);
+
 /* ---- introspection ----------------------------------------------------------------------- */
 
 EP_API ep_status ep_model_num_inputs(const ep_model* model, int* out_count);

@@ -1346,7 +1346,7 @@ static void ep_register_builtin(const char* name, TVMFFISafeCallType call) {
   if (err != NULL) TVMFFIObjectDecRef(err);
 }
 
-static void ep_register_builtins(void) {
+void ep_register_runtime_builtins(void) {
   static volatile int done = 0;
   if (done) return;
   ep_register_builtin("relax.run.nonzero", ep_run_nonzero);
@@ -1408,7 +1408,7 @@ static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* s
   }
   m->vm = res.v_obj;
 
-  ep_register_builtins(); /* before vm_initialization, which looks the functions up */
+  ep_register_runtime_builtins(); /* before vm_initialization, which looks the functions up */
   /* one CPU device with the pooled allocator; GPU models: the OpenCL device first, then the CPU */
   st = ep_pick_device(m);
   if (st != EP_OK) return st;
