@@ -319,6 +319,9 @@ def test_bad_java_names_and_dtypes_are_refused():
         generate_java_sources(manifest, PACKAGE, "my-model")
     with pytest.raises(EdgepackError, match="does not support"):
         java_tensors(_fake_manifest([("x", "complex64", (1,))], [("y", "float32", (1,))]))
+    with pytest.raises(EdgepackError, match="decides at run time") as err:  # NonZero, Unique ...
+        java_tensors(_fake_manifest([("x", "float32", (4,))], [("y", "int64", (1, "?"))]))
+    assert "package c" in err.value.hint
 
 
 # ---------------------------------------------------------------------------------------------
