@@ -39,7 +39,7 @@ from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.progress import Progress, reporter
 from edgepack.tensors import Shape, TensorSpec
 from edgepack.toolchain.compilers import Compilers, find_compilers
-from edgepack.toolchain.model_library import export_model_shared, model_meta_text
+from edgepack.toolchain.model_library import RUNTIME_DIM, export_model_shared, model_meta_text
 from edgepack.tuning.records import apply_tuning, write_best_records
 from edgepack.versions import __version__, installed_tvm
 
@@ -190,16 +190,26 @@ def output_specs(imported: ImportedModel) -> tuple[TensorSpec, ...]:
     """The compiled model's outputs: names from the model, static shapes from the Relax function."""
     from tvm import relax
 
-    ret = imported.mod["main"].ret_ty
-    fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    def flat(ty) -> list:  # nested tuples (ONNX sequences) come out flat, as every runner returns them
+        return [f for field in ty.fields for f in flat(field)] if isinstance(ty, relax.TupleType) else [ty]
+
+    fields = flat(imported.mod["main"].ret_ty)
     names = [t.name for t in imported.info.outputs]
     if len(names) != len(fields):
         names = [f"output_{i}" for i in range(len(fields))]
     specs = []
     for name, tensor_type in zip(names, fields):
-        shape = tuple(int(v) for v in tensor_type.shape.values) if tensor_type.shape is not None else ()
-        specs.append(TensorSpec(name, str(tensor_type.dtype), shape))
+        specs.append(TensorSpec(name, str(tensor_type.dtype), _static_dims(tensor_type)))
     return tuple(specs)
+
+
+def _static_dims(tensor_type) -> tuple:
+    """The output's dimensions; those the model decides at run time (NonZero, Unique ...) are "?"."""
+    from tvm import tirx
+
+    if tensor_type.shape is None:
+        return (RUNTIME_DIM,) * max(int(tensor_type.ndim), 0)
+    return tuple(int(v) if isinstance(v, tirx.IntImm) else RUNTIME_DIM for v in tensor_type.shape.values)
 
 
 def fusion_ir(imported: ImportedModel, target=None) -> tuple[str, str]:

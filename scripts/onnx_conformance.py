@@ -1,46 +1,64 @@
 #!/usr/bin/env python3
 """Run the ONNX backend node test suite through edgepack's own import + compile + run path.
 
-    python scripts/onnx_conformance.py                          # every case, 2 workers
+    python scripts/onnx_conformance.py                          # every case on this machine, 2 workers
+    python scripts/onnx_conformance.py --profile rpi4 --on emulator   # cross-compiled, C runner under qemu
     python scripts/onnx_conformance.py --filter 'conv|pool' --jobs 1
-    python scripts/onnx_conformance.py --json results.json --resume   # continue an interrupted run
-    python scripts/onnx_conformance.py --markdown docs/conformance.md # keep the summary
+    python scripts/onnx_conformance.py --resume                 # continue an interrupted run
+    python scripts/onnx_conformance.py --markdown docs/conformance.md   # the report: every place run so far
 
 The cases are the ones shipped in the installed ``onnx`` wheel (``onnx/backend/test/data/node``):
 every directory except the ``*_expanded*`` variants (those are the same operator written out as a
-function body). Each case goes through exactly what ``edgepack compile`` does on the host:
+function body). Each case goes through exactly what ``edgepack compile`` does:
 ``edgepack.frontends.import_model`` (ONNX Runtime's basic constant folding, then TVM's Relax ONNX
-frontend with edgepack's converters) and the CPU backend's ``build`` (TVM's default pipeline for
-the host target), then runs in the Relax VM; outputs are compared with the expected outputs shipped
-with the case like ONNX's own backend runner does (same shape and dtype, ``rtol=1e-3, atol=1e-7``).
+frontend with edgepack's converters) and the CPU backend's ``build``; on the host it then runs in the
+Relax VM, on a device profile (``--on emulator``) as the device library under qemu-user, run by
+edgepack's C runner (``scripts/conformance.py`` says how, and how it is cached). Outputs are compared
+with the expected outputs shipped with the case like ONNX's own backend runner does (same shape and
+dtype, ``rtol=1e-3, atol=1e-7``).
 
-Isolation: cases run in long-lived worker processes (``--jobs``, default 2) that import TVM once and
-take cases one at a time. A case that crashes its worker or runs past ``--timeout`` is recorded as
-``crash`` / ``timeout``; the worker is replaced and the run goes on.
+Results are kept per place (``<cache>/conformance/results/onnx-<place>.json``; a run updates the cases it
+ran); ``--markdown`` writes the ONNX section of the report from every place's results, with the cases
+whose result on a device differs from the host's.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import multiprocessing as mp
-import os
-import platform
 import re
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CRASH_CASE = "__crash__"  # a pseudo case whose worker dies (used by tests/test_conformance.py)
-STATUSES = ("pass", "mismatch", "error", "crash", "timeout")
-RTOL, ATOL = 1e-3, 1e-7  # onnx.backend.test's defaults
+from conformance import (  # noqa: E402 - after the path set-up
+    CRASH_CASE,
+    STATUSES,
+    CaseError,
+    CaseResult,
+    Place,
+    compare_outputs,
+    counts,
+    differences,
+    load_results,
+    machine_line,
+    nest_like,
+    now_line,
+    parse_place,
+    results_dir,
+    results_path,
+    run_model,
+    run_pool,
+    save_results,
+    write_section,
+)
+
+__all__ = ["CRASH_CASE", "CaseResult", "Place", "compare_outputs", "list_cases", "run_case", "run_cases"]
+
+SUITE = "onnx_conformance"
+HOST = Place()
 
 # The operators real vision models are made of: the issue's "vision subset".
 VISION_OPS = {
@@ -105,21 +123,6 @@ def list_cases(pattern: str | None = None) -> list[str]:
     return names
 
 
-@dataclass
-class CaseResult:
-    case: str
-    op: str
-    status: str  # one of STATUSES
-    kind: str = ""  # for errors: not-implemented / input / import / compile / run / output
-    message: str = ""
-    seconds: float = 0.0
-    frozen: list[str] = field(default_factory=list)  # parameter inputs baked in as constants
-
-    @property
-    def vision(self) -> bool:
-        return self.op in VISION_OPS
-
-
 # --- one case (runs inside a worker) ------------------------------------------------------------
 
 
@@ -173,66 +176,10 @@ def load_case(case_dir: Path):
     return model, inputs, expected
 
 
-def _to_python(value):
-    """A Relax VM result as numpy arrays and lists (tuples become lists: ONNX sequences)."""
+def run_case(case: str, workdir: str, place: Place = HOST) -> CaseResult:
+    """Import, compile and run one case at ``place`` with edgepack's library functions; compare the outputs."""
     import numpy as np
 
-    if hasattr(value, "numpy"):
-        return value.numpy()
-    if isinstance(value, (int, float, bool)):
-        return np.array(value)
-    return [_to_python(v) for v in value]
-
-
-def compare_outputs(actual: list, expected: list) -> str:
-    """'' when ``actual`` matches ``expected`` like ONNX's backend runner checks it, else why not."""
-    import numpy as np
-
-    if len(actual) != len(expected):
-        return f"{len(actual)} outputs, expected {len(expected)}"
-    for i, (got, want) in enumerate(zip(actual, expected)):
-        if isinstance(want, list):
-            if not isinstance(got, list):
-                return f"output {i}: a tensor where a sequence was expected"
-            why = compare_outputs(got, want)
-            if why:
-                return f"output {i}: {why}"
-            continue
-        if want is None:
-            if got is not None and not (isinstance(got, list) and not got):
-                return f"output {i}: expected an empty optional"
-            continue
-        if isinstance(got, list):
-            return f"output {i}: a sequence where a tensor was expected"
-        want = np.asarray(want)
-        got = np.asarray(got)
-        if got.shape != want.shape:
-            return f"output {i}: shape {list(got.shape)}, expected {list(want.shape)}"
-        if want.dtype == object:
-            if not np.array_equal(got.astype(str), want.astype(str)):
-                return f"output {i}: strings differ"
-            continue
-        if got.dtype != want.dtype:
-            return f"output {i}: dtype {got.dtype}, expected {want.dtype}"
-        try:
-            np.testing.assert_allclose(got.astype(np.float64) if got.dtype.kind == "V" else got,
-                                       want.astype(np.float64) if want.dtype.kind == "V" else want,
-                                       rtol=RTOL, atol=ATOL)
-        except AssertionError as exc:
-            detail = " ".join(ln.strip() for ln in str(exc).splitlines() if "Max" in ln)
-            return f"output {i}: values differ ({detail or 'mismatch'})"
-        except TypeError as exc:
-            return f"output {i}: cannot compare ({exc})"
-    return ""
-
-
-def run_case(case: str, workdir: str) -> CaseResult:
-    """Import, compile and run one case with edgepack's library functions; compare the outputs."""
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    from edgepack.backends import get_backend
     from edgepack.errors import EdgepackError
     from edgepack.frontends import import_model
     from edgepack.frontends.onnx_ops import from_container, to_container
@@ -244,9 +191,9 @@ def run_case(case: str, workdir: str) -> CaseResult:
 
     frozen = freeze_parameter_inputs(model, inputs)
 
-    def result(status: str, kind: str = "", message: str = "") -> CaseResult:
+    def result(status: str, kind: str = "", message: str = "", cached: bool = False) -> CaseResult:
         return CaseResult(case, op, status, kind, message.strip()[:300], round(time.perf_counter() - started, 2),
-                          frozen)
+                          frozen, cached)
 
     for name, value in inputs.items():
         if not isinstance(value, np.ndarray):
@@ -260,151 +207,35 @@ def run_case(case: str, workdir: str) -> CaseResult:
 
         model_path = Path(workdir) / f"{case}.onnx"
         onnx.save(model, str(model_path))
-    try:
-        imported = import_model(model_path, shapes)
-    except EdgepackError as exc:
-        text = str(exc)
-        kind = "not-implemented" if ("cannot compile" in text or "not supported for frontend" in text
-                                     or "not implemented" in text.lower()) else "import"
-        return result("error", kind, text)
-    except Exception as exc:  # noqa: BLE001 - anything else is a bug in the import path; record it
-        return result("error", "import", f"{type(exc).__name__}: {exc}")
-    try:
-        executable = get_backend("cpu").build(imported, tvm.target.Target({"kind": "llvm"})).executable
-    except Exception as exc:  # noqa: BLE001
-        return result("error", "compile", str(exc))
-    try:
-        vm = relax.VirtualMachine(executable, tvm.cpu())
-        # np.require, not ascontiguousarray: the latter turns 0-d arrays into 1-d ones
-        # sub-byte types (int4, float4...) cross the compiled model's boundary in 8-bit containers
-        args = [tvm.runtime.tensor(np.require(to_container(inputs[spec.name]), requirements="C"))
-                for spec in imported.inputs]
-        out = _to_python(vm["main"](*args))
-    except Exception as exc:  # noqa: BLE001
-        return result("error", "run", f"{type(exc).__name__}: {_last_line(str(exc))}")
-    actual = out if len(expected) > 1 and isinstance(out, list) else [out]
-    actual = [from_container(a, str(e.dtype)) if isinstance(a, np.ndarray) and isinstance(e, np.ndarray) else a
-              for a, e in zip(actual, expected)]
-    why = compare_outputs(actual, expected)
-    return result("mismatch", "output", why) if why else result("pass")
 
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else text
-
-
-# --- the workers ---------------------------------------------------------------------------------
-
-
-def _worker(conn) -> None:
-    # Keep TVM's and the frontend's prints out of the report; results travel through the pipe.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    import warnings
-
-    warnings.simplefilter("ignore")
-    import tempfile
-
-    import tvm  # noqa: F401 - imported once per worker, not once per case
-
-    workdir = tempfile.mkdtemp(prefix="edgepack-conformance-")
-    while True:
-        case = conn.recv()
-        if case is None:
-            import shutil
-
-            shutil.rmtree(workdir, ignore_errors=True)
-            return
-        if case == CRASH_CASE:  # the tests' way to check that a dying worker cannot end the run
-            os._exit(3)
+    def do_import():
         try:
-            res = run_case(case, workdir)
-        except Exception as exc:  # noqa: BLE001 - the runner itself must not die on a case
-            res = CaseResult(case, "?", "error", "runner", f"{type(exc).__name__}: {exc}")
-        conn.send(asdict(res))
+            return import_model(model_path, shapes)
+        except EdgepackError as exc:
+            text = str(exc)
+            kind = "not-implemented" if ("cannot compile" in text or "not supported for frontend" in text
+                                         or "not implemented" in text.lower()) else "import"
+            raise CaseError(kind, text) from exc
+        except Exception as exc:  # noqa: BLE001 - anything else is a bug in the import path; record it
+            raise CaseError("import", f"{type(exc).__name__}: {exc}") from exc
 
-
-@dataclass
-class _Slot:
-    proc: mp.Process
-    conn: object
-    case: str | None = None
-    since: float = 0.0
-    done: int = 0
-
-
-@dataclass
-class Run:
-    results: dict[str, CaseResult] = field(default_factory=dict)
-
-
-def run_cases(cases: list[str], jobs: int, timeout: float, on_result, recycle: int = 150) -> None:
-    """Run ``cases`` on ``jobs`` workers; ``on_result(CaseResult)`` for each, in completion order."""
-    ctx = mp.get_context("spawn")
-
-    def start() -> _Slot:
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child,), daemon=True)
-        proc.start()
-        child.close()
-        return _Slot(proc, parent)
-
-    def stop(slot: _Slot) -> None:
-        if slot.proc.is_alive():
-            slot.proc.kill()
-        slot.proc.join(5)
-        slot.conn.close()
-
-    pending = list(reversed(cases))
-    slots = [start() for _ in range(max(1, min(jobs, len(cases))))]
+    # sub-byte types (int4, float4...) cross the compiled model's boundary in 8-bit containers
+    feeds = {name: to_container(value) for name, value in inputs.items()}
     try:
-        while pending or any(s.case for s in slots):
-            for i, slot in enumerate(slots):
-                if slot.case is None and pending:
-                    if slot.done >= recycle:  # long-lived workers grow; start a fresh one now and then
-                        stop(slot)
-                        slot = slots[i] = start()
-                    slot.case, slot.since = pending.pop(), time.monotonic()
-                    slot.conn.send(slot.case)
-            busy = [s for s in slots if s.case]
-            ready = wait([s.conn for s in busy] + [s.proc.sentinel for s in busy], timeout=1.0)
-            now = time.monotonic()
-            for i, slot in enumerate(slots):
-                if slot.case is None:
-                    continue
-                if slot.conn in ready:
-                    try:
-                        data = slot.conn.recv()
-                    except (EOFError, OSError):
-                        data = None
-                    if data is not None:
-                        on_result(CaseResult(**data))
-                        slot.case, slot.done = None, slot.done + 1
-                        continue
-                if slot.proc.sentinel in ready or not slot.proc.is_alive():
-                    code = slot.proc.exitcode
-                    on_result(CaseResult(slot.case, _op_of(slot.case), "crash", "worker",
-                                         f"worker died (exit code {code})", round(now - slot.since, 2)))
-                    stop(slot)
-                    slots[i] = start()
-                elif now - slot.since > timeout:
-                    on_result(CaseResult(slot.case, _op_of(slot.case), "timeout", "worker",
-                                         f"no result after {timeout:.0f} s", round(now - slot.since, 2)))
-                    stop(slot)
-                    slots[i] = start()
-    finally:
-        for slot in slots:
-            try:
-                slot.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-            slot.proc.join(2)
-            stop(slot)
+        out, cached = run_model(place, case, model_path, shapes, feeds, do_import)
+    except CaseError as exc:
+        return result("error", exc.kind, exc.message)
+    if place.on == "host":
+        actual = out if len(expected) > 1 and isinstance(out, list) else [out]
+    else:
+        actual = nest_like(list(out), expected)
+    actual = [from_container(a, str(e.dtype)) if isinstance(a, np.ndarray) and isinstance(e, np.ndarray) else a
+              for a, e in zip(actual, expected)] + actual[len(expected):]
+    why = compare_outputs(actual, expected)
+    return result("mismatch", "output", why, cached) if why else result("pass", cached=cached)
 
 
-def _op_of(case: str) -> str:
+def op_of(case: str) -> str:
     import onnx
 
     try:
@@ -413,19 +244,28 @@ def _op_of(case: str) -> str:
         return "?"
 
 
+def run_cases(cases: list[str], jobs: int, timeout: float, on_result, recycle: int = 150,
+              place: Place = HOST) -> None:
+    """Run ``cases`` at ``place`` on ``jobs`` workers; ``on_result(CaseResult)`` for each, in completion order."""
+    run_pool(SUITE, cases, place, jobs, timeout, on_result, op_of, recycle)
+
+
 # --- reporting -----------------------------------------------------------------------------------
+
+# Why a case that passes on the host does not pass on a device, where the message alone does not say.
+# Keys are regular expressions over case names; the report shows the first that matches.
+DEVICE_CAUSES: dict[str, str] = {}
 
 
 def summarise(results: list[CaseResult]) -> dict:
-    counts = Counter(r.status for r in results)
-    vision = [r for r in results if r.vision]
+    vision = [r for r in results if r.op in VISION_OPS]
     per_op: dict[str, Counter] = defaultdict(Counter)
     for r in results:
         per_op[r.op][r.status] += 1
     kinds = Counter(f"{r.status}:{r.kind}" for r in results if r.status != "pass")
     return {
         "total": len(results),
-        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "counts": counts(results),
         "vision": {"total": len(vision), "pass": sum(r.status == "pass" for r in vision)},
         "per_op": {op: dict(c) for op, c in sorted(per_op.items())},
         "failure_kinds": dict(kinds.most_common()),
@@ -434,20 +274,13 @@ def summarise(results: list[CaseResult]) -> dict:
     }
 
 
-def machine_line() -> str:
-    from importlib.metadata import version
-
-    return (f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores), Python {platform.python_version()}, "
-            f"apache-tvm {version('apache-tvm')}, onnx {version('onnx')}, onnxruntime {version('onnxruntime')}")
-
-
-def print_report(results: list[CaseResult], summary: dict, show_failures: bool) -> None:
+def print_report(results: list[CaseResult], summary: dict, show_failures: bool, place: Place = HOST) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=max(120, Console().width))
-    table = Table(title="ONNX node tests by operator", title_justify="left")
-    for col in ("operator", "cases", "pass", "mismatch", "error", "crash", "timeout"):
+    table = Table(title=f"ONNX node tests by operator: {place.label}", title_justify="left")
+    for col in ("operator", "cases", *STATUSES):
         table.add_column(col, justify="left" if col == "operator" else "right")
     for op, c in summary["per_op"].items():
         total = sum(c.values())
@@ -460,29 +293,70 @@ def print_report(results: list[CaseResult], summary: dict, show_failures: bool) 
             if r.status != "pass":
                 console.print(f"[red]{r.status:8}[/] {r.case} [dim]{r.kind}: {r.message[:160]}[/]", highlight=False)
     c = summary["counts"]
-    console.print(f"[bold]{summary['total']} cases:[/] [green]{c['pass']} pass[/], {c['mismatch']} mismatch, "
-                  f"{c['error']} error, {c['crash']} crash, {c['timeout']} timeout.  Vision subset (*): "
-                  f"{summary['vision']['pass']}/{summary['vision']['total']} pass.", highlight=False)
+    console.print(f"[bold]{summary['total']} cases on {place.label}:[/] [green]{c['pass']} pass[/], "
+                  f"{c['mismatch']} mismatch, {c['error']} error, {c['crash']} crash, {c['timeout']} timeout.  "
+                  f"Vision subset (*): {summary['vision']['pass']}/{summary['vision']['total']} pass.", highlight=False)
 
 
-def write_markdown(path: Path, results: list[CaseResult], summary: dict, seconds: float, pattern: str | None) -> None:
-    c = summary["counts"]
+def known_places() -> list[tuple[Place, dict, dict[str, CaseResult]]]:
+    """Every place with stored ONNX results: the host first, then the devices by name."""
+    found = []
+    for path in sorted(results_dir().glob("onnx-*.json")):
+        meta, results = load_results(path)
+        place = Place(**meta["place"]) if "place" in meta else None
+        if place is not None and results:
+            found.append((place, meta, results))
+    return sorted(found, key=lambda item: (item[0].on != "host", item[0].name))
+
+
+def _cell(text: str, limit: int = 140) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:limit]
+
+
+def device_cause(case: str) -> str:
+    return next((why for rx, why in DEVICE_CAUSES.items() if re.search(rx, case)), "")
+
+
+def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) -> str:
+    """The ONNX section of docs/conformance.md from every place's stored results."""
+    host = next(((m, r) for p, m, r in places if p.on == "host"), None)
+    if host is None:
+        raise SystemExit("no host results yet: run the sweep on the host first")
+    host_meta, host_results = host
+    host_list = [host_results[c] for c in sorted(host_results)]
+    summary = summarise(host_list)
+    devices = [(p, m, r) for p, m, r in places if p.on != "host"]
     lines = [
-        "# ONNX backend node tests through edgepack",
+        "## ONNX backend node tests",
         "",
-        "Written by `python scripts/onnx_conformance.py --markdown docs/conformance.md`: every non-expanded",
-        "node case shipped in the onnx wheel, imported, compiled for the host and run through edgepack's own",
-        "path, outputs compared with the shipped ones (same shape and dtype, rtol 1e-3, atol 1e-7).",
+        "Written by `python scripts/onnx_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown docs/conformance.md`:",
+        "every non-expanded node case shipped in the onnx wheel, imported and compiled through edgepack's own path",
+        "and run on the host (Relax VM) or, cross-compiled for a device profile, as the device library run by",
+        "edgepack's C runner under qemu-user (what `validate --on emulator` does); outputs compared with the",
+        "shipped ones (same shape and dtype, rtol 1e-3, atol 1e-7).",
         "",
-        (f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; import + compile + run time summed over"
-         f" the cases {summary['case_seconds'] / 60:.1f} min (`--jobs` workers share it)"),
-        f"- Machine: {machine_line()}",
-        f"- Cases: {summary['total']}" + (f" (filter `{pattern}`)" if pattern else ""),
-        f"- **pass {c['pass']}**, mismatch {c['mismatch']}, error {c['error']}, crash {c['crash']}, timeout {c['timeout']}",
-        f"- Vision subset (operators marked *): {summary['vision']['pass']} / {summary['vision']['total']} pass",
-        (f"- {summary['pass_with_frozen_parameters']} of the passes feed parameter inputs (axes, sizes/scales,"
+        f"- Machine: {host_meta.get('machine', '?')}",
+        f"- Cases: {len(list_cases())}",
+        "",
+        "| place | cases run | pass | mismatch | error | crash | timeout | last run | case time |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for place, meta, results in places:
+        c = counts(list(results.values()))
+        note = f" ({meta['sample']})" if meta.get("sample") else ""
+        lines.append(f"| {place.label}{note} | {len(results)} | **{c['pass']}** | {c['mismatch']} | {c['error']} | "
+                     f"{c['crash']} | {c['timeout']} | {meta.get('date', '?')} | "
+                     f"{sum(r.seconds for r in results.values()) / 60:.0f} min |")
+    lines += [
+        "",
+        f"- Vision subset (operators marked *): {summary['vision']['pass']} / {summary['vision']['total']} pass on the host"
+        + "".join(f"; {sum(r.status == 'pass' for r in res.values() if r.op in VISION_OPS)} / "
+                  f"{sum(r.op in VISION_OPS for r in res.values())} on {p.profile}" for p, _, res in devices),
+        (f"- {summary['pass_with_frozen_parameters']} of the host passes feed parameter inputs (axes, sizes/scales,"
          " pads, k, split sizes, ...) as constants, as deployable models carry them (see PARAMETER_INPUTS in the"
          " script); the rest pass with every input given at run time"),
+        "- Case time: import + compile (+ cross-link) + run, summed over the cases (`--jobs` workers share it);"
+        " device builds and outputs are cached, so a rerun with nothing changed takes minutes",
         "",
         "Notes on what the numbers mean:",
         "- Sub-byte types (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) cross the compiled model's boundary in 8-bit",
@@ -492,69 +366,100 @@ def write_markdown(path: Path, results: list[CaseResult], summary: dict, seconds
         "  values as model inputs, and random operators (Bernoulli, Dropout in training mode), whose outputs",
         "  cannot match a recorded sample.",
         "",
-        "| operator | cases | pass | mismatch | error | crash | timeout |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| operator | cases | pass | mismatch | error | crash | timeout |"
+        + "".join(f" {p.profile} pass |" for p, _, _ in devices),
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(devices),
     ]
     for op, cnt in summary["per_op"].items():
+        device_cells = ""
+        for _, _, res in devices:
+            ran = [r for r in res.values() if r.op == op]
+            device_cells += f" {sum(r.status == 'pass' for r in ran)}{'' if len(ran) == sum(cnt.values()) else f' of {len(ran)}'} |"
         lines.append(f"| {op}{' *' if op in VISION_OPS else ''} | {sum(cnt.values())} | "
-                     + " | ".join(str(cnt.get(s, 0)) for s in STATUSES) + " |")
-    lines += ["", "## Cases that do not pass", "", "| case | status | why |", "|---|---|---|"]
-    for r in sorted(results, key=lambda r: r.case):
+                     + " | ".join(str(cnt.get(s, 0)) for s in STATUSES) + " |" + device_cells)
+    lines += ["", "### Cases that do not pass on the host", "", "| case | status | why |", "|---|---|---|"]
+    for r in host_list:
         if r.status != "pass":
-            why = r.message.replace("|", "\\|").replace("\n", " ")[:140]
-            lines.append(f"| {r.case} | {r.status} ({r.kind}) | {why} |")
-    tmp = path.with_suffix(".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+            lines.append(f"| {r.case} | {r.status} ({r.kind}) | {_cell(r.message)} |")
+    lines += ["", "### Device path: cases whose result differs from the host's", ""]
+    rows = [(p, h, d) for p, _, res in devices for h, d in differences(host_results, res)]
+    if not devices:
+        lines.append("No device path has been run yet.")
+    elif not rows:
+        lines.append("None: every case that ran on a device has the host's result.")
+    else:
+        lines += ["| case | place | host | device | why |", "|---|---|---|---|---|"]
+        for p, h, d in sorted(rows, key=lambda row: (row[1].case, row[0].name)):
+            why = device_cause(d.case) or d.message
+            lines.append(f"| {d.case} | {p.profile} | {h.status} | {d.status} ({d.kind}) | {_cell(why, 220)} |")
+    return "\n".join(lines) + "\n"
 
 
-def _write_json(path: Path, results: dict[str, CaseResult], summary: dict | None) -> None:
-    data = {"summary": summary, "results": [asdict(r) for r in sorted(results.values(), key=lambda r: r.case)]}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+def deterministic_sample(cases: list[str], every: int) -> list[str]:
+    """Every ``every``-th case in name order (the same cases on every run)."""
+    return cases[::every] if every > 1 else cases
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="host", help="device profile for --on emulator (rpi4, rpi3, ...)")
+    parser.add_argument("--on", default="host", choices=["host", "emulator"],
+                        help="host: this machine's Relax VM; emulator: the device library by the C runner under qemu")
     parser.add_argument("--filter", help="only cases whose name matches this regular expression")
+    parser.add_argument("--sample", type=int, default=1, metavar="N",
+                        help="only every N-th case in name order (a deterministic sample)")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case (default 180)")
-    parser.add_argument("--json", type=Path, help="write per-case results here (kept up to date while running)")
-    parser.add_argument("--resume", action="store_true", help="skip the cases already in the --json file")
-    parser.add_argument("--markdown", type=Path, help="write the summary as Markdown (e.g. docs/conformance.md)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per case (default 180 on the host, 300 under emulation)")
+    parser.add_argument("--json", type=Path, help="results file (default: the place's in <cache>/conformance/results)")
+    parser.add_argument("--resume", action="store_true", help="skip the cases already in the results file")
+    parser.add_argument("--markdown", type=Path,
+                        help="write the ONNX section of this report (e.g. docs/conformance.md) from every place's results")
+    parser.add_argument("--report-only", action="store_true", help="run nothing; only --markdown from stored results")
     parser.add_argument("--failures", action="store_true", help="list every case that does not pass")
     args = parser.parse_args(argv)
 
-    cases = list_cases(args.filter)
+    place = parse_place(args.profile, args.on)
+    if not args.report_only:
+        run_place(place, args)
+    if args.markdown:
+        write_section(args.markdown, "onnx", markdown_section(known_places()))
+        print(f"wrote the ONNX section of {args.markdown}")
+    return 0
+
+
+def run_place(place: Place, args) -> None:
+    cases = deterministic_sample(list_cases(args.filter), args.sample)
+    path = args.json or results_path("onnx", place)
     results: dict[str, CaseResult] = {}
-    if args.resume and args.json and args.json.exists():
-        known = json.loads(args.json.read_text())["results"]
-        results = {r["case"]: CaseResult(**r) for r in known if r["case"] in set(cases)}
-    todo = [c for c in cases if c not in results]
-    print(f"{len(cases)} cases, {len(todo)} to run on {args.jobs} worker(s)", flush=True)
-    started = time.perf_counter()
+    meta: dict = {}
+    if path.exists():
+        meta, results = load_results(path)
+    todo = [c for c in cases if not (args.resume and c in results)]
+    timeout = args.timeout or (180.0 if place.on == "host" else 300.0)
+    print(f"{len(cases)} cases, {len(todo)} to run on {place.label} with {args.jobs} worker(s)", flush=True)
+    meta = {**meta, "date": now_line(),
+            "machine": machine_line("onnx", "onnxruntime")}
+    if args.sample > 1 and not args.filter:
+        meta["sample"] = f"every {args.sample}th case in name order"
     last_save = [time.monotonic()]
+    done = [0]
 
     def on_result(res: CaseResult) -> None:
         results[res.case] = res
+        done[0] += 1
         mark = {"pass": ".", "mismatch": "M", "error": "E", "crash": "C", "timeout": "T"}[res.status]
-        print(mark, end="" if len(results) % 80 else "\n", flush=True)
-        if args.json and time.monotonic() - last_save[0] > 20:
-            _write_json(args.json, results, None)
+        print(mark, end="" if done[0] % 80 else f" {done[0]}/{len(todo)}\n", flush=True)
+        if time.monotonic() - last_save[0] > 20:
+            save_results(path, place, results, meta)
             last_save[0] = time.monotonic()
 
-    run_cases(todo, args.jobs, args.timeout, on_result)
+    run_cases(todo, args.jobs, timeout, on_result, place=place)
     print(flush=True)
-    ordered = [results[c] for c in cases if c in results]
-    summary = summarise(ordered)
-    if args.json:
-        _write_json(args.json, results, summary)
-    print_report(ordered, summary, args.failures)
-    if args.markdown:
-        write_markdown(args.markdown, ordered, summary, time.perf_counter() - started, args.filter)
-    return 0
+    save_results(path, place, results, meta)
+    ran = [results[c] for c in cases if c in results]
+    print_report(ran, summarise(ran), args.failures, place)
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":

@@ -240,3 +240,77 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+def onnx_with_scalar_input(path: Path, length: int = 8) -> Path:
+    """A float input ``x`` [1, length] and a scalar (0-d) int64 sample rate ``sr``, used the way
+    voice-activity models use theirs: in arithmetic (``x * sr / 1000``) and as the condition of an
+    ``If`` (``sr == 16000``: add 1, else subtract 1). Outputs ``y`` [1, length] float32 and the
+    scalar int64 ``sr_next`` (``sr + 1``), so a 0-d array crosses the boundary both ways."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name: str, value) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
+
+    then_graph = helper.make_graph([const("one_t", np.float32(1.0)), helper.make_node("Add", ["scaled", "one_t"], ["y_t"])],
+                                   "then", [], [helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [1, length])])
+    else_graph = helper.make_graph([const("one_e", np.float32(1.0)), helper.make_node("Sub", ["scaled", "one_e"], ["y_e"])],
+                                   "else", [], [helper.make_tensor_value_info("y_e", TensorProto.FLOAT, [1, length])])
+    nodes = [
+        helper.make_node("Cast", ["sr"], ["sr_f"], to=TensorProto.FLOAT),
+        const("thousand", np.float32(1000.0)),
+        helper.make_node("Div", ["sr_f", "thousand"], ["khz"]),
+        helper.make_node("Mul", ["x", "khz"], ["scaled"]),
+        const("sixteen_k", np.int64(16000)),
+        helper.make_node("Equal", ["sr", "sixteen_k"], ["is_16k"]),
+        helper.make_node("If", ["is_16k"], ["y"], then_branch=then_graph, else_branch=else_graph),
+        const("one_i", np.int64(1)),
+        helper.make_node("Add", ["sr", "one_i"], ["sr_next"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "scalar_sr",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, length]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, length]),
+         helper.make_tensor_value_info("sr_next", TensorProto.INT64, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def onnx_with_data_dependent_outputs(path: Path) -> Path:
+    """Operators TVM runs with functions of its Python package (NonZero, Unique: ``relax.run.*``) or of
+    its optional runtime part (TopK: ``tvm.contrib.sort.topk``), two of them with outputs whose shape
+    depends on the data: ``x`` [3, 4] float32 -> ``nonzero`` int64 [2, n] (positions of x > 0),
+    ``top_values``/``top_indices`` [3, 2] (TopK, k = 2), ``unique``/``unique_counts`` [?] (Unique of
+    round(x * 2), sorted)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.float32(0.0), "zero")),
+        helper.make_node("Greater", ["x", "zero"], ["positive"]),
+        helper.make_node("NonZero", ["positive"], ["nonzero"]),
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([2], np.int64), "k")),
+        helper.make_node("TopK", ["x", "k"], ["top_values", "top_indices"], axis=1),
+        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.float32(2.0), "two")),
+        helper.make_node("Mul", ["x", "two"], ["doubled"]),
+        helper.make_node("Round", ["doubled"], ["rounded"]),
+        helper.make_node("Unique", ["rounded"], ["unique", "", "", "unique_counts"], sorted=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "data_dependent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("nonzero", TensorProto.INT64, [2, "n"]),
+         helper.make_tensor_value_info("top_values", TensorProto.FLOAT, [3, 2]),
+         helper.make_tensor_value_info("top_indices", TensorProto.INT64, [3, 2]),
+         helper.make_tensor_value_info("unique", TensorProto.FLOAT, ["u"]),
+         helper.make_tensor_value_info("unique_counts", TensorProto.INT64, ["u"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

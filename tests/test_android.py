@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_clean_error
+from model_factory import onnx_with_scalar_input
 
+from edgepack.compiling import compile_model
 from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.frontends import run_reference
 from edgepack.manifest import BuildManifest, read_manifest
@@ -247,11 +249,13 @@ def java(classpath: list[Path], main: str, *args, library_path: list[str], extra
     return _run(cmd, env=env, check=check, timeout=300)
 
 
-def write_inputs(manifest: BuildManifest, d: Path, seed: int) -> dict[str, np.ndarray]:
-    inputs = random_inputs(manifest.inputs, seed=seed)
+def write_inputs(manifest: BuildManifest, d: Path, seed: int,
+                 inputs: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """``inputs`` (default: seeded random ones) as raw files ``d/in<i>.bin`` for the harness."""
+    inputs = random_inputs(manifest.inputs, seed=seed) if inputs is None else inputs
     d.mkdir(parents=True, exist_ok=True)
     for i, spec in enumerate(manifest.inputs):
-        (d / f"in{i}.bin").write_bytes(np.ascontiguousarray(inputs[spec.name]).tobytes())
+        (d / f"in{i}.bin").write_bytes(np.asarray(inputs[spec.name], dtype=spec.dtype).tobytes())
     return inputs
 
 
@@ -315,6 +319,9 @@ def test_bad_java_names_and_dtypes_are_refused():
         generate_java_sources(manifest, PACKAGE, "my-model")
     with pytest.raises(EdgepackError, match="does not support"):
         java_tensors(_fake_manifest([("x", "complex64", (1,))], [("y", "float32", (1,))]))
+    with pytest.raises(EdgepackError, match="decides at run time") as err:  # NonZero, Unique ...
+        java_tensors(_fake_manifest([("x", "float32", (4,))], [("y", "int64", (1, "?"))]))
+    assert "package c" in err.value.hint
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,6 +459,48 @@ def test_real_models_through_java_match_the_reference(models, build_cache, stubs
                    library_path=[str(host_jni.parent), *wheel_lib_dirs], ld_path=wheel_lib_dirs)
         assert out.stdout.startswith("OK NativeModel[inputs=["), out.stdout
         check_against_reference(build, manifest, inputs, d)
+
+
+def _java_round_trip(build: Path, cls: str, feeds: list[dict[str, np.ndarray]], stubs, host_jni, wheel_lib_dirs,
+                     tmp_path: Path) -> None:
+    """Run ``build`` through its generated Java class on the JVM for each of ``feeds``; compare with the reference."""
+    manifest = read_manifest(build)
+    classes = compile_api(manifest, cls, tmp_path, stubs, {"RunModel.java": run_model_harness(manifest, cls)})
+    library = build / manifest.artifacts["device_library"].path  # host profile: C API metadata embedded
+    for n, inputs in enumerate(feeds):
+        d = tmp_path / f"run{n}"
+        write_inputs(manifest, d, n, inputs)
+        out = java([tmp_path / "api", classes, stubs], "RunModel", "file", library, d,
+                   library_path=[str(host_jni.parent), *wheel_lib_dirs], ld_path=wheel_lib_dirs)
+        assert out.stdout.startswith("OK NativeModel[inputs=["), out.stdout
+        check_against_reference(build, manifest, inputs, d)
+
+
+def test_scalar_input_and_output_through_java(stubs, host_jni, wheel_lib_dirs, tmp_path):
+    """A 0-d int64 input (a sample rate in arithmetic and an If) and a 0-d int64 output: the generated
+    class describes them with an empty shape and one-element LongBuffers, and both If arms match."""
+    build = compile_model(onnx_with_scalar_input(tmp_path / "scalar_sr.onnx"), "host", tmp_path / "build").output_dir
+    manifest = read_manifest(build)
+    inputs, outputs = java_tensors(manifest)
+    assert [(t.name, t.shape, t.buffer_type, t.element_count) for t in (inputs[1], outputs[1])] == [
+        ("sr", (), "LongBuffer", 1), ("sr_next", (), "LongBuffer", 1)]
+    text = generate_java_sources(manifest, PACKAGE, "ScalarSr")["com/example/vision/ScalarSr.java"]
+    assert 'new TensorInfo("sr", DType.INT64, new long[] {})' in text
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8)
+    _java_round_trip(build, "ScalarSr", [{"x": x, "sr": np.array(sr, np.int64)} for sr in (16000, 8000)],
+                     stubs, host_jni, wheel_lib_dirs, tmp_path)
+
+
+@pytest.mark.slow
+def test_silero_vad_through_java(models, stubs, host_jni, wheel_lib_dirs, tmp_path):
+    """A real model with a scalar int64 input: Silero VAD (LSTM, If on the sample rate ``sr``)."""
+    model = models["silero_vad"]
+    build = compile_model(model.path, "host", tmp_path / "build", input_shapes=model.input_shapes).output_dir
+    rng = np.random.default_rng(4)
+    feeds = [{"input": (rng.standard_normal((1, 576)) * 0.1).astype(np.float32),
+              "state": (rng.standard_normal((2, 1, 128)) * 0.5).astype(np.float32),
+              "sr": np.array(16000, np.int64)} for _ in range(2)]
+    _java_round_trip(build, "SileroVad", feeds, stubs, host_jni, wheel_lib_dirs, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

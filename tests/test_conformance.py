@@ -1,12 +1,17 @@
-"""A representative slice of the ONNX backend node suite through scripts/onnx_conformance.py.
+"""Representative slices of the conformance sweeps (scripts/onnx_conformance.py, scripts/tflite_conformance.py).
 
-The same runner as the full run (worker processes, edgepack's import + host build + Relax VM,
-outputs compared with the ones shipped in the onnx wheel); the full suite stays a script:
-``python scripts/onnx_conformance.py --markdown docs/conformance.md``.
+The same runner as the full runs (worker processes, edgepack's import + build, outputs compared with the
+ones shipped in the onnx wheel or LiteRT's): on the host (Relax VM), and a smaller slice on the device
+path (cross-compiled for rpi4 and rpi3, the device library run by the C runner under qemu-user). The
+full sweeps stay scripts: ``python scripts/onnx_conformance.py [--profile rpi4 --on emulator]
+--markdown docs/conformance.md``.
 """
 
+import numpy as np
 import onnx_conformance as oc
 import pytest
+import tflite_conformance as tc
+from conformance import Place, nest_like, write_section
 
 CASES = [
     # convolution
@@ -66,6 +71,102 @@ def test_the_cases_exist():
 def test_case_passes(results, case):
     res = results[case]
     assert res.status == "pass", f"{res.status} ({res.kind}): {res.message}"
+
+
+# the device path: what differs from the host there (float8, bfloat16 and sub-byte types at the C API,
+# scalar inputs, control flow, conversions 32-bit ARM does with libgcc) and the usual vision operators
+DEVICE_CASES = [
+    "test_conv_with_strides_padding", "test_maxpool_2d_pads", "test_averagepool_2d_same_upper", "test_batchnorm_example",
+    "test_gemm_default_scalar_bias", "test_resize_downsample_scales_linear", "test_resize_upsample_sizes_cubic",
+    "test_softmax_axis_1", "test_lstm_with_peepholes", "test_if", "test_loop11", "test_clip_example",
+    "test_bitcast_scalar_float32_to_int32", "test_dequantizelinear", "test_cast_FLOAT_to_FLOAT8E4M3FN",
+    "test_cast_FLOAT8E5M2_to_FLOAT", "test_cast_FLOAT_to_BFLOAT16", "test_cast_INT4_to_FLOAT", "test_top_k",
+]
+TFLITE_CASES = [
+    "conv_2d.float32", "conv_2d.fp16", "conv_2d.int8", "depthwise_conv_2d.int8", "fully_connected.int8",
+    "transpose_conv.float32", "transpose_conv.int8", "prelu.int8", "arg_max.float32", "transpose.int8", "pad.int8",
+    "resize_bilinear.int8", "softmax.int8", "mean.int8", "hard_swish.int8", "concatenation.fp16",
+]
+TFLITE_DEVICE_CASES = ["conv_2d.int8", "conv_2d.fp16", "depthwise_conv_2d_mult2_stride2.int8", "transpose_conv.float32",
+                       "resize_bilinear.int8", "softmax.int8", "prelu.int8", "logistic.float32"]
+
+
+def _sweep(module, cases, place=None) -> dict:
+    found: dict = {}
+    kwargs = {"place": place} if place else {}
+    module.run_cases(cases, jobs=2, timeout=600, on_result=lambda r: found.__setitem__(r.case, r), **kwargs)
+    return found
+
+
+@pytest.fixture(scope="module")
+def device_results():
+    made: dict = {}
+
+    def get(module, cases, profile):
+        key = (module.__name__, profile)
+        if key not in made:
+            made[key] = _sweep(module, cases, Place(profile, "emulator"))
+        return made[key]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+@pytest.mark.parametrize("case", DEVICE_CASES)
+def test_case_passes_on_the_device(device_results, profile, case):
+    res = device_results(oc, DEVICE_CASES, profile)[case]
+    assert res.status == "pass", f"{res.status} ({res.kind}): {res.message}"
+
+
+@pytest.mark.slow
+def test_device_cases_are_cached(device_results):
+    """A rerun of a device case only compares: the device library and the run's outputs are cached."""
+    device_results(oc, DEVICE_CASES, "rpi4")  # built and run once
+    again = _sweep(oc, ["test_if", "test_conv_with_strides_padding"], Place("rpi4", "emulator"))
+    assert all(r.status == "pass" and r.cached for r in again.values()), again
+
+
+@pytest.fixture(scope="module")
+def tflite_results():
+    return _sweep(tc, TFLITE_CASES)
+
+
+def test_tflite_cases_exist():
+    assert set(TFLITE_CASES) | set(TFLITE_DEVICE_CASES) <= set(tc.list_cases())
+    assert {c.split(".")[1] for c in tc.list_cases()} == {"float32", "fp16", "int8"}
+
+
+@pytest.mark.parametrize("case", TFLITE_CASES)
+def test_tflite_case_matches_litert(tflite_results, case):
+    res = tflite_results[case]
+    assert res.status == "pass", f"{res.status} ({res.kind}): {res.message}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+@pytest.mark.parametrize("case", TFLITE_DEVICE_CASES)
+def test_tflite_case_matches_litert_on_the_device(device_results, profile, case):
+    res = device_results(tc, TFLITE_DEVICE_CASES, profile)[case]
+    assert res.status == "pass", f"{res.status} ({res.kind}): {res.message}"
+
+
+def test_device_outputs_are_grouped_like_the_expected_ones():
+    a, b, c = (np.full(2, i) for i in range(3))
+    assert [len(x) if isinstance(x, list) else x.tolist() for x in nest_like([a, b, c], [np.zeros(2), [a, b]])] == [
+        [0, 0], 2]
+    assert len(nest_like([a, b, c], [np.zeros(2)])) == 3  # extra outputs stay visible to the comparison
+
+
+def test_report_sections_are_replaced_in_place(tmp_path):
+    doc = tmp_path / "conformance.md"
+    doc.write_text("# Title\n\nintro\n")
+    write_section(doc, "onnx", "one")
+    write_section(doc, "tflite", "two")
+    write_section(doc, "onnx", "three")
+    text = doc.read_text()
+    assert text.startswith("# Title\n\nintro\n") and "one" not in text
+    assert text.index("three") < text.index("two")
 
 
 def test_comparison_catches_wrong_outputs():

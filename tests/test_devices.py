@@ -186,6 +186,31 @@ def test_validate_a_real_model_on_a_device(env, cls_build):
     assert output["shape"] == [1, 2] and output["max_abs_error"] < 1e-4
 
 
+def test_validate_a_scalar_input_model_on_a_device(env, models, build_cache, tmp_path):
+    """Silero VAD (a scalar int64 sample rate `sr`): the 0-d tensor crosses TVM RPC to the device and back."""
+    build = build_cache(models["silero_vad"], "rpi4")
+    rng = np.random.default_rng(5)
+    np.savez(tmp_path / "vad.npz", input=(rng.standard_normal((1, 576)) * 0.1).astype(np.float32),
+             state=(rng.standard_normal((2, 1, 128)) * 0.5).astype(np.float32), sr=np.array(16000, np.int64))
+    report = _json(_cli(dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"])), "validate", str(build),
+                        "--on", "farm1", "--inputs", str(tmp_path / "vad.npz"), "--json", timeout=900))
+    assert report["passed"] and report["on"] == "farm1", report
+    assert [o["shape"] for o in report["outputs"]] == [[1, 1], [2, 1, 128]]
+
+
+def test_data_dependent_operators_on_a_device(env, tmp_path):
+    """NonZero, TopK and Unique call functions TVM's Python provides on the host; the RPC server registers
+    the C API's versions of them (and the outputs' shapes are the ones each run produced)."""
+    from model_factory import onnx_with_data_dependent_outputs
+
+    from edgepack.compiling import compile_model
+
+    build = compile_model(onnx_with_data_dependent_outputs(tmp_path / "dd.onnx"), "rpi4", tmp_path / "build").output_dir
+    report = _json(_cli(dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"])), "validate", str(build),
+                        "--on", "farm1", "--json", timeout=900))
+    assert report["passed"], report
+
+
 def test_run_on_device_library_matches_the_host(env, cls_build):
     from edgepack.manifest import read_manifest
     from edgepack.run.host import run_on_host

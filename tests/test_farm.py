@@ -36,6 +36,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_SOURCE = ROOT / "runtimes" / "rpc-server" / "edgepack_rpc_server.c"
+C_API_DIR = ROOT / "runtimes" / "api" / "c"
 TRIPLE = "aarch64-linux-gnu"
 RPC_DIR = "edgepack-rpc"  # on the device, relative to the login directory
 
@@ -198,8 +199,9 @@ def build_rpc_server(out_dir: Path, include_dirs: list[Path], libs: list[Path], 
     for lib in libs:
         shutil.copy2(lib, out_dir / lib.name)
     exe = out_dir / "edgepack_rpc_server"
-    cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *[f"-I{d}" for d in include_dirs],
-           "-o", str(exe), str(SERVER_SOURCE), f"-L{out_dir}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
+    cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *[f"-I{d}" for d in (C_API_DIR / "include", *include_dirs)],
+           "-o", str(exe), str(SERVER_SOURCE), str(C_API_DIR / "src" / "edgepack.c"), f"-L{out_dir}",
+           "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
            "-Wl,--as-needed", "-ldl", "-Wl,-rpath,$ORIGIN"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     return exe

@@ -1,5 +1,6 @@
 """TFLite models: read what they hold (operators, tensors) and import them into Relax with TVM's
-frontend and edgepack's fixes (sparse weights behind DENSIFY)."""
+frontend and edgepack's fixes (``tflite_ops``: sparse weights behind DENSIFY, int8 data movement and
+PRELU, ARG_MAX types, TRANSPOSE_CONV)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from edgepack.errors import ModelError, first_line
 from edgepack.files import file_sha256
+from edgepack.frontends.tflite_ops import fix_imported, operator_converter
 from edgepack.frontends.types import ModelInfo
 from edgepack.tensors import Dim, TensorSpec
 
@@ -80,35 +82,9 @@ def import_tflite(info: ModelInfo, inputs: tuple[TensorSpec, ...]):
     from tvm.relax.frontend.tflite import from_tflite
 
     model = _load_tflite(info.path)
-    return from_tflite(
+    return fix_imported(from_tflite(
         model,
         shape_dict={t.name: tuple(t.shape) for t in inputs},
         dtype_dict={t.name: t.dtype for t in inputs},
-        op_converter=_tflite_operator_converter(),
-    )
-
-
-def _tflite_operator_converter():
-    """TVM's TFLite OperatorConverter with edgepack's fixes (``from_tflite``'s op_converter hook).
-
-    Sparse weights: DENSIFY makes the dense tensor at import time (a "prefetched" constant), but
-    TVM's DEQUANTIZE then reads the raw buffer of DENSIFY's output, which has none, and fails with
-    ``TypeError: a bytes-like object is required, not 'int'``. Here DEQUANTIZE takes the densified
-    constant (fp16 weights are widened to fp32, int8 ones dequantized with their parameters).
-    """
-    from tvm import relax
-    from tvm.relax.frontend.tflite.tflite_frontend import OperatorConverter
-
-    class EdgepackOperatorConverter(OperatorConverter):
-        def convert_dequantize(self, op):
-            tensor = self.get_input_tensors(op)[0]
-            if not self.is_prefetched(tensor.tensor_idx):
-                return super().convert_dequantize(op)
-            dtype = self.get_tensor_type_str(tensor.tensor.Type())
-            dense = self.get_prefetched_node(tensor.tensor_idx)
-            const = self.exp_tab.new_const(dense, dtype=dtype, source_name=tensor.tensor.Name())
-            if dtype == "float16":
-                return relax.op.astype(const, "float32")
-            return self.dequantize(const, tensor)
-
-    return EdgepackOperatorConverter
+        op_converter=operator_converter(),
+    ))

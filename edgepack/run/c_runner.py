@@ -4,6 +4,7 @@ under qemu-user on ``.npy`` inputs, its ``.npy`` outputs read back. No Python on
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
 import tempfile
@@ -11,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401 - names bfloat16 (and float8 types) for numpy
 import numpy as np
 
 from edgepack.errors import EdgepackError, ToolchainError
@@ -57,18 +59,53 @@ def _hint_for(message: str) -> str:
     return "Run the command again by hand to see the runner's whole output."
 
 
+#: The dtypes the runner's .npy reader knows (ml_dtypes' float8_e5m2 also calls itself '<f1': not one of them).
+_NPY_DTYPES = frozenset(np.dtype(n) for n in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                                               "uint8", "uint16", "uint32", "uint64", "bool"))
+
+
+def write_runner_input(path: Path, array: np.ndarray) -> Path:
+    """``array`` as a file the runner reads: ``.npy`` (shape and dtype checked by the runner, 0-d arrays
+    included) where NumPy can name the dtype, raw bytes (``.bin``, size checked against the model's
+    metadata) where it cannot (bfloat16 and 8-bit floats, which ``np.save`` writes as ``V2``, ``V1``, ``f1``)."""
+    array = contiguous(array)
+    if array.dtype in _NPY_DTYPES:
+        path = path.with_suffix(".npy")
+        np.save(path, array)
+    else:
+        path = path.with_suffix(".bin")
+        path.write_bytes(array.tobytes())
+    return path
+
+
+def read_runner_output(path: Path, spec: TensorSpec) -> np.ndarray:
+    """An output ``.npy`` written by the runner, in the dtype of ``spec`` (bfloat16 arrives as its raw
+    ``uint16`` bits, 8-bit floats as ``uint8``)."""
+    return as_spec_dtype(np.load(path), spec)
+
+
+def as_spec_dtype(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """``array`` viewed as the dtype of ``spec`` when it holds the same-sized raw bits of it."""
+    want = np.dtype(spec.dtype)
+    if array.dtype != want and array.dtype.itemsize == want.itemsize:
+        array = array.view(want)
+    return array
+
+
 def run_c_runner(command_prefix: list[str], runner: Path, model_library: Path | None, inputs: dict[str, np.ndarray],
                  input_specs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...], *,
-                 threads: int | None = None) -> RunResult:
-    """Run ``runner`` (the example program) on ``inputs`` and read back its ``.npy`` outputs."""
+                 threads: int | None = None, timeout: float = RUN_TIMEOUT_S) -> RunResult:
+    """Run ``runner`` (the example program) on ``inputs`` and read back its ``.npy`` outputs.
+
+    ``threads``: the runner's ``--threads`` (None: one per online CPU); a run that takes longer than
+    ``timeout`` seconds is killed."""
     with tempfile.TemporaryDirectory(prefix="edgepack-run-") as tmp:
         tmp_path = Path(tmp)
         argv = [*command_prefix, str(runner)]
         if model_library is not None:
             argv.append(str(model_library))
         for i, spec in enumerate(input_specs):
-            path = tmp_path / f"input{i}.npy"
-            np.save(path, contiguous(inputs[spec.name]))
+            path = write_runner_input(tmp_path / f"input{i}", inputs[spec.name])
             argv += ["--input", f"{spec.name}={path}"]
         out_dir = tmp_path / "out"
         out_dir.mkdir()
@@ -77,21 +114,22 @@ def run_c_runner(command_prefix: list[str], runner: Path, model_library: Path | 
             argv += ["--threads", str(threads)]
         started = time.perf_counter()
         try:
-            result = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired as exc:
-            raise ToolchainError(f"{runner.name} did not finish within {RUN_TIMEOUT_S} s.",
+            raise ToolchainError(f"{runner.name} did not finish within {timeout:.0f} s.",
                                  "The model may be too large for emulation; try a real device.") from exc
         seconds = time.perf_counter() - started
         if result.returncode != 0:
             lines = (result.stderr or result.stdout).strip().splitlines()
-            message = lines[-1] if lines else "no output"
+            message = lines[-1] if lines else f"no output (signal {-result.returncode})" if result.returncode < 0 \
+                else "no output"
             raise EdgepackError(f"{runner.name} failed (exit {result.returncode}): {message}", _hint_for(message))
         arrays = []
-        for i in range(len(outputs)):
+        for i, spec in enumerate(outputs):
             found = sorted(out_dir.glob(f"{i}_*.npy"))
             if not found:
                 raise EdgepackError(f"{runner.name} wrote no output {i}.", "This is a bug; please report it.")
-            arrays.append(np.load(found[0]))
+            arrays.append(read_runner_output(found[0], spec))
         return RunResult(arrays, seconds, argv)
 
 

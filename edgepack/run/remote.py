@@ -94,7 +94,11 @@ def model_runner(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.
         use_threads_remote(remote, threads)
         vm, dev = _load_remote(remote, library, manifest)
         args = [tvm.runtime.tensor(contiguous(inputs[spec.name]), dev) for spec in manifest.inputs]
-        outputs = [np.array(o, copy=True) for o in flatten_outputs(vm["main"](*args))]
+        # the stateful interface, not vm["main"](*args): a tuple result comes back from a remote VM as an
+        # opaque reference, while get_outputs walks it on the device (get_output_arity / get_output)
+        vm.set_input("main", *args)
+        vm.invoke_stateful("main")
+        outputs = [np.array(o, copy=True) for o in flatten_outputs(vm.get_outputs("main"))]
         where = describe_device(dev)
         del vm, args
         return outputs, where

@@ -37,10 +37,15 @@ def _meta_name(name: str) -> str:
 
 
 _META_DTYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
-                "uint8", "uint16", "uint32", "uint64", "bool"}
+                "uint8", "uint16", "uint32", "uint64", "bool",
+                "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"}
 
 
-def _as_meta(t: Any) -> TensorMeta:
+#: An output dimension the model decides at run time (NonZero, Unique ...): "?" in the metadata.
+RUNTIME_DIM = "?"
+
+
+def _as_meta(t: Any, output: bool = False) -> TensorMeta:
     if isinstance(t, TensorMeta):
         return t
     if isinstance(t, tuple | list) and len(t) == 3:
@@ -48,7 +53,8 @@ def _as_meta(t: Any) -> TensorMeta:
     else:
         name, dtype, shape = t.name, t.dtype, t.shape
     dims = tuple(shape)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+    if not all((isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (output and d == RUNTIME_DIM)
+               for d in dims):
         raise EdgepackError(f"Tensor {name!r} has a dynamic or invalid shape {dims}.",
                             "The C runtime needs static shapes: pass concrete input shapes when compiling.")
     if str(dtype) not in _META_DTYPES:
@@ -65,7 +71,7 @@ def model_meta_text(inputs: Iterable[Any], outputs: Iterable[Any]) -> str:
     """
     lines = ["edgepack-model-meta 1"]
     for kind, tensors in (("input", inputs), ("output", outputs)):
-        for t in map(_as_meta, tensors):
+        for t in (_as_meta(t, kind == "output") for t in tensors):
             shape = ",".join(str(d) for d in t.shape) if t.shape else "-"
             lines.append(f"{kind} {_meta_name(t.name)} {t.dtype} {shape}")
     return "\n".join(lines) + "\n"
@@ -89,7 +95,7 @@ def parse_model_meta(text: str) -> tuple[tuple[TensorMeta, ...], tuple[TensorMet
         raise EdgepackError("Not an edgepack metadata file (version 1).")
     found: dict[str, list[TensorMeta]] = {"input": [], "output": []}
     for kind, name, dtype, shape in lines[1:]:
-        dims = () if shape == "-" else tuple(int(d) for d in shape.split(","))
+        dims = () if shape == "-" else tuple(d if d == RUNTIME_DIM else int(d) for d in shape.split(","))
         decoded = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), name)
         found[kind].append(TensorMeta(decoded.encode("latin-1").decode("utf-8"), dtype, dims))
     return tuple(found["input"]), tuple(found["output"])
@@ -257,9 +263,12 @@ def export_model_shared(
             meta_cc = cc or c_compiler_for(cxx)
             addons.append(str(_compile_meta_object(meta_text, "", Path(tmp_name) / "edgepack_meta.o", meta_cc,
                                                    options, False, log)))
+        # the triple of cxx, not of this machine's compiler (TVM's default): a model without kernels
+        # (no LLVM module to take it from) has its imports packed into an object file for this triple
+        fcompile = tvm_cc.cross_compiler(cxx, options=list(options),
+                                         get_target_triple=tvm_cc.get_target_by_dump_machine(cxx))
         try:
-            executable.export_library(str(out_path), fcompile=tvm_cc.cross_compiler(cxx, options=list(options)),
-                                      addons=addons)
+            executable.export_library(str(out_path), fcompile=fcompile, addons=addons)
         except Exception as exc:  # TVM raises RuntimeError with the linker output
             raise ToolchainError(f"Linking {out_path.name} with {cxx} failed.", tail(str(exc))) from exc
     return out_path

@@ -1,5 +1,6 @@
-"""edgepack's RPC server (``runtimes/rpc-server``: plain C over TVM's runtime, no Python) built for a
-triple, with the runtime libraries and any GPU plug-ins it loads in the same directory.
+"""edgepack's RPC server (``runtimes/rpc-server``: plain C over TVM's runtime, no Python; the C API's
+``edgepack.c`` compiled in for the run-time functions models call) built for a triple, with the runtime
+libraries and any GPU plug-ins it loads in the same directory.
 
 The same bundle is installed on devices over SFTP and run on this machine for host GPU tuning: the
 program finds ``libtvm_runtime``/``libtvm_ffi`` through ``RUNPATH $ORIGIN`` and loads the plug-ins
@@ -22,7 +23,7 @@ from edgepack.paths import cache_root
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import compiler_identity
 from edgepack.toolchain.process import run, tail
-from edgepack.toolchain.sources import RPC_SERVER, source_dir
+from edgepack.toolchain.sources import C_API, RPC_SERVER, source_dir
 from edgepack.toolchain.tvm_runtime import TargetRuntime
 from edgepack.versions import TVM_VERSION
 
@@ -70,8 +71,10 @@ def server_bundle(triple: str, cc: str, runtime: TargetRuntime, plugins: Mapping
     if missing:
         raise ToolchainError(f"The {triple} TVM runtime in {runtime.root} lacks {', '.join(missing)}.",
                              "Remove that directory so that edgepack fetches or builds it again.")
+    c_api = source_dir(C_API)
     key_data = {
         "source": file_sha256(source),
+        "c_api": [file_sha256(c_api / "src" / "edgepack.c"), file_sha256(c_api / "include" / "edgepack.h")],
         "libs": {name: file_sha256(libs[name]) for name in RUNTIME_LIBS},
         "plugins": {name: file_sha256(path) for name, path in plugins.items()},
         "cc": compiler_identity(cc),
@@ -89,7 +92,8 @@ def server_bundle(triple: str, cc: str, runtime: TargetRuntime, plugins: Mapping
             (staging / name).chmod(0o755)
         exe = staging / SERVER_PROGRAM
         cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", *runtime.cflags,
-               *[f"-I{d}" for d in runtime.include_dirs], "-o", str(exe), str(source), f"-L{staging}",
+               *[f"-I{d}" for d in (c_api / "include", *runtime.include_dirs)], "-o", str(exe), str(source),
+               str(c_api / "src" / "edgepack.c"), f"-L{staging}",
                "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-ldl",
                "-Wl,-rpath,$ORIGIN", "-s"]
         result = run(cmd, timeout=600)

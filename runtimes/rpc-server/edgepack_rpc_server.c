@@ -30,6 +30,8 @@
 
 #include <tvm/ffi/c_api.h>
 
+#include "edgepack.h" /* ep_register_runtime_builtins: compiled in from runtimes/api/c/src/edgepack.c */
+
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -54,7 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EP_VERSION "0.2.0"
+#define EP_VERSION "0.3.0"
 
 #define RPC_MAGIC 0xFF271
 #define RPC_TRACKER_MAGIC 0x2F271
@@ -1098,6 +1100,7 @@ int main(int argc, char** argv) {
     ep_log("INFO", "loaded additional library %s", g_opt.loads[i]);
   }
   if (!g_opt.no_plugins && ep_load_plugins() != 0) return 1;
+  ep_register_runtime_builtins(); /* what models call that TVM's Python would provide (NonZero, TopK ...) */
   struct stat st;
   if (stat(g_opt.workdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
     ep_log("ERROR", "--workdir %s is not a directory", g_opt.workdir);

@@ -19,7 +19,8 @@ decorator and the merged converter map), ``subbyte`` (the 8-bit containers of su
 ``common`` (helpers shared by the converters), and one module per operator family: ``activations``,
 ``normalization``, ``convolution``, ``pooling``, ``resize``, ``elementwise``, ``reductions``,
 ``data_movement``, ``attention``, ``recurrent``, ``casts``, ``quantization``, ``generators``,
-``spectral``, ``losses``, ``ml`` (ai.onnx.ml) and ``optimizers`` (ai.onnx.preview.training).
+``spectral``, ``losses``, ``detection`` (NonMaxSuppression), ``ml`` (ai.onnx.ml) and ``optimizers``
+(ai.onnx.preview.training).
 Importing this package imports every family module, which registers its converters.
 """
 
@@ -32,6 +33,7 @@ from edgepack.frontends.onnx_ops import (  # noqa: F401
     casts,
     convolution,
     data_movement,
+    detection,
     elementwise,
     generators,
     losses,

@@ -33,6 +33,7 @@ _JAVA_BUFFERS = {  # dtype -> (buffer class, ByteBuffer view method or None)
     "int16": ("ShortBuffer", "asShortBuffer"), "uint16": ("ShortBuffer", "asShortBuffer"),
     "int32": ("IntBuffer", "asIntBuffer"), "uint32": ("IntBuffer", "asIntBuffer"),
     "int64": ("LongBuffer", "asLongBuffer"), "uint64": ("LongBuffer", "asLongBuffer"),
+    **{f"float8_{kind}": ("ByteBuffer", None) for kind in ("e4m3fn", "e4m3fnuz", "e5m2", "e5m2fnuz", "e8m0fnu")},
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -160,10 +161,17 @@ def java_tensors(manifest: BuildManifest) -> tuple[tuple[JavaTensor, ...], tuple
             if dtype not in _JAVA_BUFFERS:
                 raise EdgepackError(f"The {kind} {spec.name!r} has dtype {dtype}, which the Java API does not support.",
                                     "Supported: " + ", ".join(sorted(_JAVA_BUFFERS)) + ".")
-            shape = tuple(int(d) for d in spec.shape)
-            if any(d < 0 for d in shape):
-                raise EdgepackError(f"The {kind} {spec.name!r} has a dynamic shape {shape}.",
+            if not all(isinstance(d, int) and d >= 0 for d in spec.shape):
+                shown = "[" + ", ".join(str(d) for d in spec.shape) + "]"
+                if kind == "output":  # "?": decided by the model at run time (NonZero, Unique ...)
+                    raise EdgepackError(
+                        f"The output {spec.name!r} has dimensions the model decides at run time {shown}; the "
+                        "generated Java class needs static shapes.",
+                        "Use the C API (`edgepack package c`), which reports each run's output shapes, or "
+                        "re-export the model with fixed-size outputs (e.g. padded to a maximum count).")
+                raise EdgepackError(f"The {kind} {spec.name!r} has a dynamic shape {shown}.",
                                     "Compile the model with static shapes (--input-shape).")
+            shape = tuple(int(d) for d in spec.shape)
             buffer_type, view = _JAVA_BUFFERS[dtype]
             result[slot].append(JavaTensor(
                 index=i, name=str(spec.name), dtype=dtype, shape=shape,

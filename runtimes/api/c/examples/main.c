@@ -251,6 +251,11 @@ static const char* descr_of(ep_dtype dt) {
     case EP_DTYPE_UINT64: return "<u8";
     case EP_DTYPE_BOOL: return "|b1";
     case EP_DTYPE_BFLOAT16: return "<u2"; /* numpy has no bfloat16: raw bits */
+    case EP_DTYPE_FLOAT8_E4M3FN:
+    case EP_DTYPE_FLOAT8_E4M3FNUZ:
+    case EP_DTYPE_FLOAT8_E5M2:
+    case EP_DTYPE_FLOAT8_E5M2FNUZ:
+    case EP_DTYPE_FLOAT8_E8M0FNU: return "|u1"; /* nor 8-bit floats */
     default: return NULL;
   }
 }
@@ -391,6 +396,21 @@ static float half_to_float(uint16_t h) {
   return f;
 }
 
+/* An 8-bit float: ebits exponent and mbits mantissa bits below the sign; style 0 is IEEE-like (the
+   top exponent holds inf and NaN), 1 "fn" (no inf; NaN is all ones), 2 "fnuz" (no inf, no -0; NaN
+   is 0x80). */
+static double minifloat(unsigned bits, int ebits, int mbits, int bias, int style) {
+  unsigned top = (1u << ebits) - 1, sign = (bits >> (ebits + mbits)) & 1u;
+  unsigned exp = (bits >> mbits) & top, man = bits & ((1u << mbits) - 1);
+  double v;
+  if (style == 2 && bits == 0x80) return NAN;
+  if (style == 1 && exp == top && man == (1u << mbits) - 1) return NAN;
+  if (style == 0 && exp == top) return man ? NAN : (sign ? -INFINITY : INFINITY);
+  v = exp ? ldexp(1.0 + (double)man / (double)(1u << mbits), (int)exp - bias)
+          : ldexp((double)man / (double)(1u << mbits), 1 - bias);
+  return sign ? -v : v;
+}
+
 static double element(const void* data, ep_dtype dt, size_t i) {
   switch (dt) {
     case EP_DTYPE_FLOAT32: return ((const float*)data)[i];
@@ -411,6 +431,14 @@ static double element(const void* data, ep_dtype dt, size_t i) {
     case EP_DTYPE_UINT16: return ((const uint16_t*)data)[i];
     case EP_DTYPE_UINT32: return ((const uint32_t*)data)[i];
     case EP_DTYPE_UINT64: return (double)((const uint64_t*)data)[i];
+    case EP_DTYPE_FLOAT8_E4M3FN: return minifloat(((const uint8_t*)data)[i], 4, 3, 7, 1);
+    case EP_DTYPE_FLOAT8_E4M3FNUZ: return minifloat(((const uint8_t*)data)[i], 4, 3, 8, 2);
+    case EP_DTYPE_FLOAT8_E5M2: return minifloat(((const uint8_t*)data)[i], 5, 2, 15, 0);
+    case EP_DTYPE_FLOAT8_E5M2FNUZ: return minifloat(((const uint8_t*)data)[i], 5, 2, 16, 2);
+    case EP_DTYPE_FLOAT8_E8M0FNU: {
+      unsigned bits = ((const uint8_t*)data)[i];
+      return bits == 0xff ? NAN : ldexp(1.0, (int)bits - 127);
+    }
     default: return 0.0;
   }
 }

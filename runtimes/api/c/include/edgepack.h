@@ -44,8 +44,13 @@
  *       output <name> <dtype> <d0,d1,...>
  *   one line per tensor, in the order of the model's parameters / results. <name> is
  *   percent-encoded (%XX for '%', white space and bytes outside 0x21..0x7E); <dtype> is one of
- *   float32 float16 bfloat16 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool;
- *   the shape of a 0-d tensor is "-". Empty lines and lines starting with '#' are ignored.
+ *   float32 float16 bfloat16 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool
+ *   float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu;
+ *   the shape of a 0-d tensor is "-". An output dimension the model decides at run time (NonZero,
+ *   Unique, NonMaxSuppression ...) is "?": ep_model_output_info() reports it as -1 (byte_size 0)
+ *   before the first run and the extent the last run produced after it, and the output's byte size
+ *   is the produced one. Inputs have static shapes. Empty lines and lines starting with '#' are
+ *   ignored.
  *   The metadata is looked up, in this order: the explicit argument of ep_model_open*(); a
  *   function "edgepack_meta" embedded in the model library by edgepack; for ep_model_open() the
  *   file next to the library with its extension replaced by ".meta" (model.so -> model.meta).
@@ -106,7 +111,13 @@ typedef enum {
   EP_DTYPE_UINT16 = 10,
   EP_DTYPE_UINT32 = 11,
   EP_DTYPE_UINT64 = 12,
-  EP_DTYPE_BOOL = 13
+  EP_DTYPE_BOOL = 13,
+  /* 8-bit floats (one byte each, raw bits; names and encodings as in ml_dtypes / ONNX) */
+  EP_DTYPE_FLOAT8_E4M3FN = 14,
+  EP_DTYPE_FLOAT8_E4M3FNUZ = 15,
+  EP_DTYPE_FLOAT8_E5M2 = 16,
+  EP_DTYPE_FLOAT8_E5M2FNUZ = 17,
+  EP_DTYPE_FLOAT8_E8M0FNU = 18
 } ep_dtype;
 
 /** Description of one model input or output (from the metadata). */
@@ -196,6 +207,15 @@ EP_API ep_status ep_model_close(ep_model** model);
  */
 EP_API ep_status ep_load_plugin(const char* path);
 
+/**
+ * Register the run-time functions that TVM's Python package or its optional runtime part would
+ * provide and that compiled models call: relax.run.nonzero, relax.run.unique (NonZero, Compress,
+ * Unique) and tvm.contrib.sort.argsort/sort/topk (TopK, NonMaxSuppression), each unless something
+ * registered it already. ep_model_open*() calls it; a program that loads models through TVM itself
+ * (edgepack's RPC server) calls it once before. Safe to call more than once.
+ */
+EP_API void ep_register_runtime_builtins(void);
+
 /* ---- introspection ----------------------------------------------------------------------- */
 
 EP_API ep_status ep_model_num_inputs(const ep_model* model, int* out_count);
@@ -236,7 +256,8 @@ EP_API ep_status ep_model_run(ep_model* model);
 EP_API ep_status ep_set_num_threads(int num_threads);
 
 /**
- * Borrow output `index` of the last run: *out_data points to byte_size bytes owned by the model.
+ * Borrow output `index` of the last run: *out_data points to *out_byte_size bytes owned by the
+ * model (for outputs with '?' dimensions, the size this run produced).
  * Errors: EP_ERR_STATE before the first successful run, EP_ERR_INDEX.
  */
 EP_API ep_status ep_model_get_output(const ep_model* model, int index, const void** out_data,

@@ -114,6 +114,11 @@ static const ep_dtype_entry ep_dtypes[] = {
     {EP_DTYPE_UINT8, "uint8", kDLUInt, 8},        {EP_DTYPE_UINT16, "uint16", kDLUInt, 16},
     {EP_DTYPE_UINT32, "uint32", kDLUInt, 32},     {EP_DTYPE_UINT64, "uint64", kDLUInt, 64},
     {EP_DTYPE_BOOL, "bool", kDLBool, 8},
+    {EP_DTYPE_FLOAT8_E4M3FN, "float8_e4m3fn", kDLFloat8_e4m3fn, 8},
+    {EP_DTYPE_FLOAT8_E4M3FNUZ, "float8_e4m3fnuz", kDLFloat8_e4m3fnuz, 8},
+    {EP_DTYPE_FLOAT8_E5M2, "float8_e5m2", kDLFloat8_e5m2, 8},
+    {EP_DTYPE_FLOAT8_E5M2FNUZ, "float8_e5m2fnuz", kDLFloat8_e5m2fnuz, 8},
+    {EP_DTYPE_FLOAT8_E8M0FNU, "float8_e8m0fnu", kDLFloat8_e8m0fnu, 8},
 };
 #define EP_NUM_DTYPES (sizeof(ep_dtypes) / sizeof(ep_dtypes[0]))
 
@@ -362,6 +367,22 @@ static int ep_next_token(const char** p, const char* end, const char** tok, size
   return 1;
 }
 
+/* Dense size of a produced tensor (outputs with '?' dimensions vary from run to run). */
+static size_t ep_produced_size(const DLTensor* t) {
+  size_t n = (size_t)((t->dtype.bits * t->dtype.lanes + 7) / 8);
+  int d;
+  for (d = 0; d < t->ndim; ++d) n *= (size_t)t->shape[d];
+  return n;
+}
+
+static int ep_is_dynamic(const ep_tensor_info* info) {
+  int i;
+  for (i = 0; i < info->ndim; ++i) {
+    if (info->shape[i] < 0) return 1;
+  }
+  return 0;
+}
+
 static ep_status ep_parse_shape(const char* tok, size_t len, ep_tensor_info* info, int lineno) {
   size_t i = 0;
   info->ndim = 0;
@@ -369,7 +390,11 @@ static ep_status ep_parse_shape(const char* tok, size_t len, ep_tensor_info* inf
   while (i < len) {
     int64_t v = 0;
     size_t start = i;
-    while (i < len && tok[i] >= '0' && tok[i] <= '9') {
+    if (tok[i] == '?') { /* decided by the model at run time (outputs only; see edgepack.h) */
+      v = -1;
+      ++i;
+    }
+    while (v >= 0 && i < len && tok[i] >= '0' && tok[i] <= '9') {
       if (v > (INT64_MAX - 9) / 10) {
         return ep_fail(EP_ERR_METADATA, "metadata line %d: dimension too large", lineno);
       }
@@ -379,7 +404,7 @@ static ep_status ep_parse_shape(const char* tok, size_t len, ep_tensor_info* inf
     if (i == start) {
       return ep_fail(EP_ERR_METADATA,
                      "metadata line %d: shape '%.*s' is not a comma-separated list of "
-                     "non-negative integers (dynamic shapes are not supported)",
+                     "non-negative integers and '?'",
                      lineno, (int)len, tok);
     }
     if (info->ndim >= EP_MAX_NDIM) {
@@ -402,6 +427,10 @@ static ep_status ep_info_finish(ep_tensor_info* info, int lineno) {
   size_t bytes = ep_dtype_size(info->dtype);
   int i;
   for (i = 0; i < info->ndim; ++i) {
+    if (info->shape[i] < 0) { /* a dynamic output: its size is known after a run */
+      info->byte_size = 0;
+      return EP_OK;
+    }
     if (info->shape[i] != 0 && bytes > (size_t)-1 / (size_t)info->shape[i]) {
       return ep_fail(EP_ERR_METADATA, "metadata line %d: tensor too large", lineno);
     }
@@ -483,6 +512,10 @@ static ep_status ep_parse_meta(ep_model* m, const char* text) {
                        tok);
         }
       }
+    }
+    if (st == EP_OK && is_input && ep_is_dynamic(&info)) {
+      st = ep_fail(EP_ERR_METADATA, "metadata line %d: input '%s' has a dimension decided at run "
+                   "time ('?'); inputs need static shapes", lineno, info.name);
     }
     if (st == EP_OK) {
       ep_tensor_info** arr = is_input ? &m->inputs : &m->outputs;
@@ -776,6 +809,554 @@ static ep_status ep_check_arity(ep_model* m) {
  * Finish opening: m->exec holds the executable module. meta_text (may be NULL) and
  * sidecar (may be NULL) are the metadata sources after the embedded one.
  */
+/* ---------------------------------------------------------------------------------------- */
+/* run-time builtins TVM's Python package provides                                           */
+/*
+ * TVM lowers the Relax operators whose output shape depends on the data (nonzero, unique) to
+ * calls of global functions that its Python package registers with NumPy ("relax.run.nonzero",
+ * "relax.run.unique"). A device has no Python, so models with NonZero, Compress or Unique fail
+ * there in vm_initialization; the C API registers C versions of them (once per process, unless
+ * something else already did), with NumPy's semantics as TVM calls them. The same for the sort
+ * kernels of TVM's optional runtime "contrib" part (argsort for NMS, topk for TopK), which the
+ * device runtimes do not have.
+ */
+
+typedef struct {
+  DLManagedTensor managed; /* must stay first: the deleter frees the whole struct and its data */
+  int64_t shape[EP_MAX_NDIM];
+} ep_owned_tensor;
+
+static void ep_owned_tensor_deleter(DLManagedTensor* self) {
+  free(self->dl_tensor.data);
+  free(self);
+}
+
+/* A new zeroed CPU tensor; NULL (with the TVM error raised) on failure. */
+static TVMFFIObjectHandle ep_new_tensor(DLDataType dtype, int ndim, const int64_t* shape,
+                                        void** data) {
+  ep_owned_tensor* t = (ep_owned_tensor*)calloc(1, sizeof(ep_owned_tensor));
+  TVMFFIObjectHandle out = NULL;
+  size_t n = 1;
+  int i;
+  for (i = 0; i < ndim; ++i) n *= (size_t)shape[i];
+  if (t != NULL) t->managed.dl_tensor.data = calloc(n ? n : 1, (size_t)(dtype.bits / 8));
+  if (t == NULL || t->managed.dl_tensor.data == NULL) {
+    if (t != NULL) free(t);
+    TVMFFIErrorSetRaisedFromCStr("MemoryError", "edgepack: out of memory in a run-time builtin");
+    return NULL;
+  }
+  for (i = 0; i < ndim; ++i) t->shape[i] = shape[i];
+  t->managed.dl_tensor.device.device_type = kDLCPU;
+  t->managed.dl_tensor.ndim = ndim;
+  t->managed.dl_tensor.dtype = dtype;
+  t->managed.dl_tensor.shape = t->shape;
+  t->managed.deleter = ep_owned_tensor_deleter;
+  *data = t->managed.dl_tensor.data;
+  if (TVMFFITensorFromDLPack(&t->managed, 0, 0, &out) != 0) {
+    ep_owned_tensor_deleter(&t->managed);
+    return NULL;
+  }
+  return out;
+}
+
+static const DLTensor* ep_arg_tensor(const TVMFFIAny* args, int32_t num_args, int i) {
+  if (i >= num_args) return NULL;
+  if (args[i].type_index == kTVMFFIDLTensorPtr) return (const DLTensor*)args[i].v_ptr;
+  if (args[i].type_index == kTVMFFITensor) {
+    return (const DLTensor*)((const char*)args[i].v_obj + sizeof(TVMFFIObject));
+  }
+  return NULL;
+}
+
+static int ep_builtin_fail(const char* message) {
+  TVMFFIErrorSetRaisedFromCStr("ValueError", message);
+  return -1;
+}
+
+static size_t ep_numel(const DLTensor* t) {
+  size_t n = 1;
+  int i;
+  for (i = 0; i < t->ndim; ++i) n *= (size_t)t->shape[i];
+  return n;
+}
+
+static int ep_compact(const DLTensor* t) {
+  int64_t expect = 1;
+  int d;
+  if (t->strides == NULL) return 1;
+  for (d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] != 1 && t->strides[d] != expect) return 0;
+    expect *= t->shape[d];
+  }
+  return 1;
+}
+
+static double ep_half(uint16_t h) {
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  float f;
+  if (exp == 0) {
+    f = (float)man * (1.0f / 16777216.0f); /* subnormal: man * 2^-24 */
+    return sign ? -f : f;
+  }
+  bits = sign | (exp == 31 ? 0x7f800000u : (exp + 112u) << 23) | (man << 13);
+  memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+/* Element i of a compact tensor as a number: *kind 0 signed, 1 unsigned, 2 float. */
+static void ep_element(const DLTensor* t, size_t i, int* kind, int64_t* s, uint64_t* u,
+                       double* f) {
+  const char* p = (const char*)t->data + t->byte_offset + i * (size_t)(t->dtype.bits / 8);
+  *kind = 1;
+  *s = 0;
+  *u = 0;
+  *f = 0;
+  if (t->dtype.code == kDLInt) {
+    *kind = 0;
+    switch (t->dtype.bits) {
+      case 8: *s = *(const int8_t*)p; break;
+      case 16: *s = *(const int16_t*)p; break;
+      case 32: *s = *(const int32_t*)p; break;
+      default: *s = *(const int64_t*)p; break;
+    }
+  } else if (t->dtype.code == kDLFloat && t->dtype.bits >= 16) {
+    *kind = 2;
+    if (t->dtype.bits == 16) {
+      *f = ep_half(*(const uint16_t*)p);
+    } else if (t->dtype.bits == 32) {
+      *f = *(const float*)p;
+    } else {
+      *f = *(const double*)p;
+    }
+  } else if (t->dtype.code == kDLBfloat) {
+    uint32_t bits = (uint32_t)(*(const uint16_t*)p) << 16;
+    float v;
+    memcpy(&v, &bits, sizeof(v));
+    *kind = 2;
+    *f = v;
+  } else { /* unsigned, bool, 8-bit floats (by their bits) */
+    switch (t->dtype.bits) {
+      case 16: *u = *(const uint16_t*)p; break;
+      case 32: *u = *(const uint32_t*)p; break;
+      case 64: *u = *(const uint64_t*)p; break;
+      default: *u = *(const uint8_t*)p; break;
+    }
+  }
+}
+
+/* NumPy's order: numbers ascending, NaN after everything and equal to NaN. */
+static int ep_element_cmp(const DLTensor* t, size_t a, size_t b) {
+  int kind;
+  int64_t sa, sb;
+  uint64_t ua, ub;
+  double fa, fb;
+  ep_element(t, a, &kind, &sa, &ua, &fa);
+  ep_element(t, b, &kind, &sb, &ub, &fb);
+  if (kind == 0) return (sa > sb) - (sa < sb);
+  if (kind == 1) return (ua > ub) - (ua < ub);
+  if (fa != fa || fb != fb) return (fa != fa) - (fb != fb);
+  return (fa > fb) - (fa < fb);
+}
+
+static int ep_run_nonzero(void* self, const TVMFFIAny* args, int32_t num_args,
+                          TVMFFIAny* result) {
+  const DLTensor* x = ep_arg_tensor(args, num_args, 0);
+  size_t n, i, count = 0, j = 0;
+  int64_t shape[2];
+  int64_t* out;
+  DLDataType i64 = {kDLInt, 64, 1};
+  TVMFFIObjectHandle h;
+  (void)self;
+  if (x == NULL || !ep_compact(x)) return ep_builtin_fail("relax.run.nonzero expects a dense tensor");
+  n = ep_numel(x);
+  for (i = 0; i < n; ++i) {
+    int kind;
+    int64_t s;
+    uint64_t u;
+    double f;
+    ep_element(x, i, &kind, &s, &u, &f);
+    count += kind == 0 ? s != 0 : kind == 1 ? u != 0 : f != 0.0;
+  }
+  shape[0] = x->ndim > 0 ? x->ndim : 1; /* np.atleast_1d(x).nonzero() */
+  shape[1] = (int64_t)count;
+  h = ep_new_tensor(i64, 2, shape, (void**)&out);
+  if (h == NULL) return -1;
+  for (i = 0; i < n; ++i) {
+    int kind, d;
+    int64_t s;
+    uint64_t u;
+    double f;
+    size_t rest = i;
+    ep_element(x, i, &kind, &s, &u, &f);
+    if (!(kind == 0 ? s != 0 : kind == 1 ? u != 0 : f != 0.0)) continue;
+    for (d = (int)shape[0] - 1; d >= 0; --d) { /* the coordinates of flat index i */
+      int64_t extent = x->ndim > 0 ? x->shape[d] : 1;
+      out[(size_t)d * count + j] = (int64_t)(rest % (size_t)extent);
+      rest /= (size_t)extent;
+    }
+    ++j;
+  }
+  result->type_index = kTVMFFITensor;
+  result->v_obj = (TVMFFIObject*)h;
+  return 0;
+}
+
+/* unique: items are the elements (axis None) or the slices along an axis, compared in order */
+typedef struct {
+  const DLTensor* x;
+  size_t outer, extent, inner; /* x as [outer, extent (the items), inner] */
+} ep_items;
+
+static ep_items ep_items_of(const DLTensor* x, int axis) {
+  ep_items it;
+  int d;
+  it.x = x;
+  it.outer = 1;
+  it.inner = 1;
+  if (axis < 0) {
+    it.extent = ep_numel(x);
+    return it;
+  }
+  it.extent = (size_t)x->shape[axis];
+  for (d = 0; d < axis; ++d) it.outer *= (size_t)x->shape[d];
+  for (d = axis + 1; d < x->ndim; ++d) it.inner *= (size_t)x->shape[d];
+  return it;
+}
+
+static int ep_item_cmp(const ep_items* it, size_t a, size_t b) {
+  size_t o, k;
+  for (o = 0; o < it->outer; ++o) {
+    for (k = 0; k < it->inner; ++k) {
+      int c = ep_element_cmp(it->x, (o * it->extent + a) * it->inner + k,
+                             (o * it->extent + b) * it->inner + k);
+      if (c != 0) return c;
+    }
+  }
+  return 0;
+}
+
+/* A stable sort of item indices (merge sort: equal items keep their order, as NumPy's does). */
+static void ep_sort_items(const ep_items* it, size_t* idx, size_t* tmp, size_t n) {
+  size_t mid, a, b, k;
+  if (n < 2) return;
+  mid = n / 2;
+  ep_sort_items(it, idx, tmp, mid);
+  ep_sort_items(it, idx + mid, tmp, n - mid);
+  for (a = 0, b = mid, k = 0; k < n; ++k) {
+    if (b >= n || (a < mid && ep_item_cmp(it, idx[a], idx[b]) <= 0)) {
+      tmp[k] = idx[a++];
+    } else {
+      tmp[k] = idx[b++];
+    }
+  }
+  memcpy(idx, tmp, n * sizeof(size_t));
+}
+
+static int ep_run_unique(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  const DLTensor* x = ep_arg_tensor(args, num_args, 0);
+  int sorted, want_index, want_inverse, want_counts, axis = -1, nout = 0, i;
+  size_t n, g, groups = 0, k, elem;
+  size_t *order = NULL, *tmp = NULL, *group_of = NULL, *first = NULL, *count = NULL, *rank = NULL;
+  TVMFFIAny outs[4];
+  DLDataType i64 = {kDLInt, 64, 1};
+  ep_items it;
+  int rc = -1;
+  (void)self;
+  if (x == NULL || !ep_compact(x) || num_args < 5) {
+    return ep_builtin_fail("relax.run.unique expects a dense tensor and four flags");
+  }
+  sorted = args[1].v_int64 != 0;
+  want_index = args[2].v_int64 != 0;
+  want_inverse = args[3].v_int64 != 0;
+  want_counts = args[4].v_int64 != 0;
+  if (num_args > 5 && args[5].type_index == kTVMFFIInt) {
+    axis = (int)args[5].v_int64;
+    if (axis < 0) axis += x->ndim;
+    if (axis < 0 || axis >= x->ndim) return ep_builtin_fail("relax.run.unique: axis out of range");
+  }
+  it = ep_items_of(x, axis);
+  n = it.extent;
+  elem = (size_t)(x->dtype.bits / 8);
+  order = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  tmp = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  group_of = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  first = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  count = (size_t*)calloc(n ? n : 1, sizeof(size_t));
+  rank = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  for (i = 0; i < 4; ++i) outs[i] = ep_any_none();
+  if (!order || !tmp || !group_of || !first || !count || !rank) {
+    TVMFFIErrorSetRaisedFromCStr("MemoryError", "edgepack: out of memory in relax.run.unique");
+    goto done;
+  }
+  for (k = 0; k < n; ++k) order[k] = k;
+  ep_sort_items(&it, order, tmp, n);
+  for (k = 0; k < n; ++k) { /* groups in sorted order; first = the earliest index (stable sort) */
+    if (k == 0 || ep_item_cmp(&it, order[k - 1], order[k]) != 0) first[groups++] = order[k];
+    group_of[order[k]] = groups - 1;
+    count[groups - 1]++;
+  }
+  for (g = 0; g < groups; ++g) rank[g] = g; /* rank[g]: position of group g in the output */
+  if (!sorted) { /* order of first occurrence: groups ranked by their first index */
+    size_t* by_first = tmp;
+    for (g = 0; g < groups; ++g) by_first[g] = g;
+    for (g = 1; g < groups; ++g) { /* insertion sort of group ids by first index */
+      size_t v = by_first[g], j = g;
+      while (j > 0 && first[by_first[j - 1]] > first[v]) {
+        by_first[j] = by_first[j - 1];
+        --j;
+      }
+      by_first[j] = v;
+    }
+    for (g = 0; g < groups; ++g) rank[by_first[g]] = g;
+  }
+  { /* the unique values */
+    int64_t shape[EP_MAX_NDIM];
+    int ndim = axis < 0 ? 1 : x->ndim, d;
+    char* data;
+    TVMFFIObjectHandle h;
+    for (d = 0; d < ndim; ++d) shape[d] = axis < 0 ? (int64_t)groups : x->shape[d];
+    if (axis >= 0) shape[axis] = (int64_t)groups;
+    h = ep_new_tensor(x->dtype, ndim, shape, (void**)&data);
+    if (h == NULL) goto done;
+    outs[nout++] = ep_any_obj(h);
+    for (g = 0; g < groups; ++g) {
+      size_t o, src = first[g], dst = rank[g];
+      for (o = 0; o < it.outer; ++o) {
+        memcpy(data + ((o * groups + dst) * it.inner) * elem,
+               (const char*)x->data + x->byte_offset + ((o * n + src) * it.inner) * elem,
+               it.inner * elem);
+      }
+    }
+  }
+  for (i = 0; i < 3; ++i) { /* index, inverse, counts: int64, as NumPy returns them */
+    int64_t len;
+    int64_t* data;
+    TVMFFIObjectHandle h;
+    if (!(i == 0 ? want_index : i == 1 ? want_inverse : want_counts)) continue;
+    len = (int64_t)(i == 1 ? n : groups);
+    h = ep_new_tensor(i64, 1, &len, (void**)&data);
+    if (h == NULL) goto done;
+    outs[nout++] = ep_any_obj(h);
+    for (k = 0; k < (size_t)len; ++k) {
+      if (i == 1) {
+        data[k] = (int64_t)rank[group_of[k]];
+      } else {
+        data[rank[k]] = (int64_t)(i == 0 ? first[k] : count[k]);
+      }
+    }
+  }
+  if (nout == 1) {
+    *result = outs[0];
+    outs[0] = ep_any_none();
+    rc = 0;
+  } else {
+    TVMFFIObjectHandle make = NULL;
+    TVMFFIByteArray name = {"ffi.Array", 9};
+    if (TVMFFIFunctionGetGlobal(&name, &make) == 0 && make != NULL) {
+      rc = TVMFFIFunctionCall(make, outs, nout, result);
+      TVMFFIObjectDecRef(make);
+    } else {
+      TVMFFIErrorSetRaisedFromCStr("RuntimeError", "edgepack: ffi.Array is not registered");
+    }
+  }
+done:
+  for (i = 0; i < 4; ++i) ep_any_release(&outs[i]);
+  free(order);
+  free(tmp);
+  free(group_of);
+  free(first);
+  free(count);
+  free(rank);
+  return rc;
+}
+
+/* TVM's sort kernels (tvm.contrib.sort.*: argsort for NMS, topk for TopK, sort) live in its runtime's
+   optional "contrib" part, which the device runtimes lack. Same semantics: along `axis`, a stable
+   sort (ties keep their order), ascending or descending. */
+
+static void ep_arg_string(const TVMFFIAny* a, char* buf, size_t size) {
+  const char* data = "";
+  size_t len = 0;
+  if (a->type_index == kTVMFFIRawStr) {
+    data = a->v_c_str;
+    len = strlen(data);
+  } else if (a->type_index == kTVMFFISmallStr) {
+    data = a->v_bytes;
+    len = a->small_str_len;
+  } else if (a->type_index == kTVMFFIStr) {
+    const TVMFFIByteArray* bytes = (const TVMFFIByteArray*)((const char*)a->v_obj + sizeof(TVMFFIObject));
+    data = bytes->data;
+    len = bytes->size;
+  }
+  if (len >= size) len = size - 1;
+  memcpy(buf, data, len);
+  buf[len] = '\0';
+}
+
+typedef struct {
+  const DLTensor* x;
+  size_t base, step; /* element k of the line is x[base + k * step] */
+  int descending;
+} ep_line;
+
+/* Stable order of a line: by value (descending if asked), ties by position. */
+static int ep_line_before(const ep_line* l, size_t a, size_t b) {
+  int c = ep_element_cmp(l->x, l->base + a * l->step, l->base + b * l->step);
+  if (l->descending) c = -c;
+  return c < 0 || (c == 0 && a < b);
+}
+
+static void ep_sort_line(const ep_line* l, size_t* idx, size_t* tmp, size_t n) {
+  size_t mid, a, b, k;
+  if (n < 2) return;
+  mid = n / 2;
+  ep_sort_line(l, idx, tmp, mid);
+  ep_sort_line(l, idx + mid, tmp, n - mid);
+  for (a = 0, b = mid, k = 0; k < n; ++k) {
+    tmp[k] = (b >= n || (a < mid && !ep_line_before(l, idx[b], idx[a]))) ? idx[a++] : idx[b++];
+  }
+  memcpy(idx, tmp, n * sizeof(size_t));
+}
+
+static int ep_store_index(DLTensor* out, size_t pos, int64_t v) {
+  char* p = (char*)out->data + out->byte_offset;
+  if (out->dtype.code == kDLInt && out->dtype.bits == 32) {
+    ((int32_t*)p)[pos] = (int32_t)v;
+  } else if (out->dtype.code == kDLInt && out->dtype.bits == 64) {
+    ((int64_t*)p)[pos] = v;
+  } else if (out->dtype.code == kDLFloat && out->dtype.bits == 32) {
+    ((float*)p)[pos] = (float)v;
+  } else if (out->dtype.code == kDLFloat && out->dtype.bits == 64) {
+    ((double*)p)[pos] = (double)v;
+  } else {
+    return ep_builtin_fail("tvm.contrib.sort: unsupported index dtype");
+  }
+  return 0;
+}
+
+/* Sort every line of x along axis; write the first k of each: values (raw copies) and/or indices. */
+static int ep_sort_lines(const DLTensor* x, int axis, int descending, int64_t k, DLTensor* values,
+                         DLTensor* indices) {
+  size_t before = 1, after = 1, n, i, j, kk, elem = (size_t)(x->dtype.bits / 8);
+  size_t *idx, *tmp;
+  int d, rc = 0;
+  if (axis < 0) axis += x->ndim;
+  if (axis < 0 || axis >= x->ndim) return ep_builtin_fail("tvm.contrib.sort: axis out of range");
+  n = (size_t)x->shape[axis];
+  if (k < 1 || (size_t)k > n) k = (int64_t)n;
+  for (d = 0; d < x->ndim; ++d) {
+    if (d < axis) before *= (size_t)x->shape[d];
+    if (d > axis) after *= (size_t)x->shape[d];
+  }
+  idx = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  tmp = (size_t*)malloc((n ? n : 1) * sizeof(size_t));
+  if (idx == NULL || tmp == NULL) {
+    free(idx);
+    free(tmp);
+    TVMFFIErrorSetRaisedFromCStr("MemoryError", "edgepack: out of memory in tvm.contrib.sort");
+    return -1;
+  }
+  for (i = 0; rc == 0 && i < before; ++i) {
+    for (j = 0; rc == 0 && j < after; ++j) {
+      ep_line line;
+      line.x = x;
+      line.base = i * n * after + j;
+      line.step = after;
+      line.descending = descending;
+      for (kk = 0; kk < n; ++kk) idx[kk] = kk;
+      ep_sort_line(&line, idx, tmp, n);
+      for (kk = 0; rc == 0 && kk < (size_t)k; ++kk) {
+        size_t dst = i * (size_t)k * after + j + kk * after;
+        if (values != NULL) {
+          memcpy((char*)values->data + values->byte_offset + dst * elem,
+                 (const char*)x->data + x->byte_offset + (line.base + idx[kk] * after) * elem, elem);
+        }
+        if (indices != NULL) rc = ep_store_index(indices, dst, (int64_t)idx[kk]);
+      }
+    }
+  }
+  free(idx);
+  free(tmp);
+  return rc;
+}
+
+/* argsort(data, out, axis, is_ascend) and sort(data, out, axis, is_ascend) */
+static int ep_sort_call(const TVMFFIAny* args, int32_t num_args, int values) {
+  const DLTensor* x = ep_arg_tensor(args, num_args, 0);
+  DLTensor* out = (DLTensor*)ep_arg_tensor(args, num_args, 1);
+  if (x == NULL || out == NULL || num_args < 4 || !ep_compact(x)) {
+    return ep_builtin_fail("tvm.contrib.sort: expects (data, out, axis, is_ascend)");
+  }
+  return ep_sort_lines(x, (int)args[2].v_int64, args[3].v_int64 == 0, 0, values ? out : NULL,
+                       values ? NULL : out);
+}
+
+static int ep_run_argsort(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  (void)self;
+  (void)result;
+  return ep_sort_call(args, num_args, 0);
+}
+
+static int ep_run_sort(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  (void)self;
+  (void)result;
+  return ep_sort_call(args, num_args, 1);
+}
+
+/* topk(data, [values,] [indices,] k, axis, ret_type, is_ascend) */
+static int ep_run_topk(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  const DLTensor* x = ep_arg_tensor(args, num_args, 0);
+  DLTensor *values = NULL, *indices = NULL;
+  char ret_type[16];
+  (void)self;
+  (void)result;
+  if (x == NULL || num_args < 6 || !ep_compact(x)) {
+    return ep_builtin_fail("tvm.contrib.sort.topk: expects (data, outputs..., k, axis, ret_type, is_ascend)");
+  }
+  ep_arg_string(&args[num_args - 2], ret_type, sizeof(ret_type));
+  if (strcmp(ret_type, "both") == 0) {
+    values = (DLTensor*)ep_arg_tensor(args, num_args, 1);
+    indices = (DLTensor*)ep_arg_tensor(args, num_args, 2);
+  } else if (strcmp(ret_type, "values") == 0) {
+    values = (DLTensor*)ep_arg_tensor(args, num_args, 1);
+  } else if (strcmp(ret_type, "indices") == 0) {
+    indices = (DLTensor*)ep_arg_tensor(args, num_args, 1);
+  } else {
+    return ep_builtin_fail("tvm.contrib.sort.topk: unsupported ret_type");
+  }
+  return ep_sort_lines(x, (int)args[num_args - 3].v_int64, args[num_args - 1].v_int64 == 0,
+                       args[num_args - 4].v_int64, values, indices);
+}
+
+static void ep_register_builtin(const char* name, TVMFFISafeCallType call) {
+  TVMFFIByteArray bytes;
+  TVMFFIObjectHandle f = NULL, err = NULL;
+  bytes.data = name;
+  bytes.size = strlen(name);
+  if (TVMFFIFunctionGetGlobal(&bytes, &f) == 0 && f != NULL) { /* Python's, or registered before */
+    TVMFFIObjectDecRef(f);
+    return;
+  }
+  f = NULL;
+  if (TVMFFIFunctionCreate(NULL, call, NULL, &f) == 0) {
+    TVMFFIFunctionSetGlobal(&bytes, f, 0); /* fails harmlessly if another thread was first */
+    TVMFFIObjectDecRef(f);
+  }
+  TVMFFIErrorMoveFromRaised(&err); /* nothing is left raised for the caller's next call */
+  if (err != NULL) TVMFFIObjectDecRef(err);
+}
+
+void ep_register_runtime_builtins(void) {
+  static volatile int done = 0;
+  if (done) return;
+  ep_register_builtin("relax.run.nonzero", ep_run_nonzero);
+  ep_register_builtin("relax.run.unique", ep_run_unique);
+  ep_register_builtin("tvm.contrib.sort.argsort", ep_run_argsort);
+  ep_register_builtin("tvm.contrib.sort.sort", ep_run_sort);
+  ep_register_builtin("tvm.contrib.sort.topk", ep_run_topk);
+  done = 1;
+}
+
 static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* sidecar) {
   TVMFFIObjectHandle f = NULL;
   TVMFFIAny args[6];
@@ -827,6 +1408,7 @@ static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* s
   }
   m->vm = res.v_obj;
 
+  ep_register_runtime_builtins(); /* before vm_initialization, which looks the functions up */
   /* one CPU device with the pooled allocator; GPU models: the OpenCL device first, then the CPU */
   st = ep_pick_device(m);
   if (st != EP_OK) return st;
@@ -1174,8 +1756,16 @@ ep_status ep_model_input_info(const ep_model* model, int index, ep_tensor_info* 
 }
 
 ep_status ep_model_output_info(const ep_model* model, int index, ep_tensor_info* out_info) {
+  ep_status st;
   EP_CHECK_MODEL(model);
-  return ep_info(model->outputs, model->num_outputs, "output", index, out_info);
+  st = ep_info(model->outputs, model->num_outputs, "output", index, out_info);
+  if (st == EP_OK && model->has_run && ep_is_dynamic(out_info)) { /* what the last run produced */
+    const DLTensor* t = (const DLTensor*)((const char*)model->out_tensors[index] + sizeof(TVMFFIObject));
+    int d;
+    for (d = 0; d < t->ndim && d < EP_MAX_NDIM; ++d) out_info->shape[d] = t->shape[d];
+    out_info->byte_size = ep_produced_size(t);
+  }
+  return st;
 }
 
 static ep_status ep_find(const ep_tensor_info* infos, int count, const char* what,
@@ -1369,7 +1959,9 @@ static ep_status ep_check_outputs(const ep_model* m) {
     const DLTensor* t = (const DLTensor*)((const char*)m->out_tensors[i] + sizeof(TVMFFIObject));
     const ep_tensor_info* info = &m->outputs[i];
     int mismatch = ep_dtype_from_dl(t->dtype) != info->dtype || t->ndim != info->ndim;
-    for (d = 0; !mismatch && d < t->ndim; ++d) mismatch = t->shape[d] != info->shape[d];
+    for (d = 0; !mismatch && d < t->ndim; ++d) {
+      mismatch = info->shape[d] >= 0 && t->shape[d] != info->shape[d]; /* '?' takes any extent */
+    }
     if (!mismatch && t->strides != NULL) {
       int64_t expect = 1;
       for (d = t->ndim - 1; d >= 0; --d) {
@@ -1509,7 +2101,7 @@ ep_status ep_model_get_output(const ep_model* model, int index, const void** out
   st = ep_output_ref(model, index, &t);
   if (st != EP_OK) return st;
   *out_data = (const char*)t->data + t->byte_offset;
-  *out_byte_size = model->outputs[index].byte_size;
+  *out_byte_size = ep_produced_size(t);
   return EP_OK;
 }
 

@@ -92,6 +92,9 @@ static void test_helpers(void) {
   CHECK(ep_dtype_from_name(NULL) == EP_DTYPE_UNKNOWN);
   CHECK(strcmp(ep_dtype_name(EP_DTYPE_INT8), "int8") == 0);
   CHECK(ep_dtype_size(EP_DTYPE_FLOAT16) == 2 && ep_dtype_size(EP_DTYPE_BOOL) == 1);
+  CHECK(ep_dtype_from_name("float8_e5m2") == EP_DTYPE_FLOAT8_E5M2);
+  CHECK(strcmp(ep_dtype_name(EP_DTYPE_FLOAT8_E8M0FNU), "float8_e8m0fnu") == 0);
+  CHECK(ep_dtype_size(EP_DTYPE_FLOAT8_E4M3FNUZ) == 1);
   CHECK(strcmp(ep_status_name(EP_ERR_SHAPE), "EP_ERR_SHAPE") == 0);
   {
     void* p = ep_alloc(100);

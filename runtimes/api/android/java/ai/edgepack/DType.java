@@ -35,7 +35,17 @@ public enum DType {
   /** Unsigned 64-bit integer; Java buffer: {@link LongBuffer}. */
   UINT64(12, "uint64", 8, LongBuffer.class),
   /** Boolean, one byte per element; Java buffer: {@link ByteBuffer}. */
-  BOOL(13, "bool", 1, ByteBuffer.class);
+  BOOL(13, "bool", 1, ByteBuffer.class),
+  /** 8-bit float E4M3 (finite, NaN), raw bits; Java buffer: {@link ByteBuffer}. */
+  FLOAT8_E4M3FN(14, "float8_e4m3fn", 1, ByteBuffer.class),
+  /** 8-bit float E4M3 (finite, unsigned zero, NaN), raw bits; Java buffer: {@link ByteBuffer}. */
+  FLOAT8_E4M3FNUZ(15, "float8_e4m3fnuz", 1, ByteBuffer.class),
+  /** 8-bit float E5M2 (IEEE-like), raw bits; Java buffer: {@link ByteBuffer}. */
+  FLOAT8_E5M2(16, "float8_e5m2", 1, ByteBuffer.class),
+  /** 8-bit float E5M2 (finite, unsigned zero, NaN), raw bits; Java buffer: {@link ByteBuffer}. */
+  FLOAT8_E5M2FNUZ(17, "float8_e5m2fnuz", 1, ByteBuffer.class),
+  /** 8-bit power of two E8M0 (unsigned, NaN), raw bits; Java buffer: {@link ByteBuffer}. */
+  FLOAT8_E8M0FNU(18, "float8_e8m0fnu", 1, ByteBuffer.class);
 
   private final int code;
   private final String metaName;
@@ -52,7 +62,7 @@ public enum DType {
   /**
    * Returns the C API code ({@code ep_dtype}).
    *
-   * @return the code, 1 for float32 ... 13 for bool
+   * @return the code, 1 for float32 ... 18 for float8_e8m0fnu
    */
   public int code() {
     return code;

@@ -1,4 +1,6 @@
-"""Write small TFLite flatbuffers for the tests (with the `tflite` schema package, no TensorFlow).
+"""Write small TFLite flatbuffers (with the `tflite` schema package, no TensorFlow), for the tests and
+the TFLite operator sweep (scripts/tflite_conformance.py): ``TFLiteWriter`` (tensors, constant buffers,
+quantization, operators) and ``options`` (any builtin options table from its field values).
 
 ``int8_convnet`` is a fully int8-quantized network the way the TFLite converter makes them
 (QUANTIZE at the input, per-channel int8 CONV_2D / DEPTHWISE_CONV_2D weights with int32 biases,
@@ -160,61 +162,47 @@ class TFLiteWriter:
         return path
 
 
+def options(table: str, **fields):
+    """A builtin options table for ``TFLiteWriter.op``: ``options("Conv2DOptions", Padding=..., StrideW=1)``;
+    list values become int32 vectors (``NewShape=[1, 64]``)."""
+    import tflite
+
+    def write(b):
+        vectors = {}
+        for name, value in fields.items():
+            if isinstance(value, (list, tuple)):
+                getattr(tflite, f"{table}Start{name}Vector")(b, len(value))
+                for v in reversed(value):
+                    b.PrependInt32(int(v))
+                vectors[name] = b.EndVector()
+        getattr(tflite, f"{table}Start")(b)
+        for name, value in fields.items():
+            getattr(tflite, f"{table}Add{name}")(b, vectors.get(name, value))
+        return getattr(tflite, f"{table}End")(b)
+
+    return getattr(tflite.BuiltinOptions, table), write
+
+
 def _conv_options(depthwise: bool, relu: bool):
     import tflite
 
-    def write(b):
-        if depthwise:
-            tflite.DepthwiseConv2DOptionsStart(b)
-            tflite.DepthwiseConv2DOptionsAddPadding(b, tflite.Padding.SAME)
-            tflite.DepthwiseConv2DOptionsAddStrideW(b, 1)
-            tflite.DepthwiseConv2DOptionsAddStrideH(b, 1)
-            tflite.DepthwiseConv2DOptionsAddDepthMultiplier(b, 1)
-            tflite.DepthwiseConv2DOptionsAddDilationWFactor(b, 1)
-            tflite.DepthwiseConv2DOptionsAddDilationHFactor(b, 1)
-            tflite.DepthwiseConv2DOptionsAddFusedActivationFunction(b, 1 if relu else 0)
-            return tflite.DepthwiseConv2DOptionsEnd(b)
-        tflite.Conv2DOptionsStart(b)
-        tflite.Conv2DOptionsAddPadding(b, tflite.Padding.SAME)
-        tflite.Conv2DOptionsAddStrideW(b, 1)
-        tflite.Conv2DOptionsAddStrideH(b, 1)
-        tflite.Conv2DOptionsAddDilationWFactor(b, 1)
-        tflite.Conv2DOptionsAddDilationHFactor(b, 1)
-        tflite.Conv2DOptionsAddFusedActivationFunction(b, 1 if relu else 0)
-        return tflite.Conv2DOptionsEnd(b)
-
-    kind = tflite.BuiltinOptions.DepthwiseConv2DOptions if depthwise else tflite.BuiltinOptions.Conv2DOptions
-    return kind, write
+    common = {"Padding": tflite.Padding.SAME, "StrideW": 1, "StrideH": 1, "DilationWFactor": 1,
+              "DilationHFactor": 1, "FusedActivationFunction": 1 if relu else 0}
+    if depthwise:
+        return options("DepthwiseConv2DOptions", DepthMultiplier=1, **common)
+    return options("Conv2DOptions", **common)
 
 
 def _simple_options(name: str):
-    import tflite
-
-    start, end = getattr(tflite, f"{name}Start"), getattr(tflite, f"{name}End")
-
-    def write(b):
-        start(b)
-        return end(b)
-
-    return getattr(tflite.BuiltinOptions, name), write
+    return options(name)
 
 
 def _reshape_options(shape):
-    import tflite
-
-    def write(b):
-        tflite.ReshapeOptionsStartNewShapeVector(b, len(shape))
-        for v in reversed(shape):
-            b.PrependInt32(v)
-        vec = b.EndVector()
-        tflite.ReshapeOptionsStart(b)
-        tflite.ReshapeOptionsAddNewShape(b, vec)
-        return tflite.ReshapeOptionsEnd(b)
-
-    return tflite.BuiltinOptions.ReshapeOptions, write
+    return options("ReshapeOptions", NewShape=list(shape))
 
 
-def _quantize(x: np.ndarray, scale, zp=0, axis=None) -> np.ndarray:
+def quantize(x: np.ndarray, scale, zp=0, axis=None) -> np.ndarray:
+    """``x`` as int8 with ``scale`` (per channel along ``axis`` when given) and zero point ``zp``."""
     s = np.asarray(scale, dtype=np.float64)
     if axis is not None:
         s = s.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
@@ -235,7 +223,7 @@ def int8_convnet(path: Path, seed: int = 0, hw: int = 8, channels: int = 8, clas
     cw = rng.normal(0, 0.3, (channels, 3, 3, 3))
     cw_scale = np.abs(cw).reshape(channels, -1).max(axis=1) / 127
     cb = rng.normal(0, 0.1, channels)
-    conv_w = w.tensor("conv_w", cw.shape, INT8, _quantize(cw, cw_scale, axis=0), list(cw_scale), [0] * channels, 0)
+    conv_w = w.tensor("conv_w", cw.shape, INT8, quantize(cw, cw_scale, axis=0), list(cw_scale), [0] * channels, 0)
     conv_b = w.tensor("conv_b", [channels], INT32, np.round(cb / (in_scale * cw_scale)).astype(np.int32),
                       list(in_scale * cw_scale), [0] * channels)
     conv_scale, conv_zp = 3.0 / 255, -128  # relu output in [0, 3]
@@ -246,7 +234,7 @@ def int8_convnet(path: Path, seed: int = 0, hw: int = 8, channels: int = 8, clas
     dw = rng.normal(0, 0.4, (1, 3, 3, channels))
     dw_scale = np.abs(dw).reshape(-1, channels).max(axis=0) / 127
     db = rng.normal(0, 0.1, channels)
-    dw_w = w.tensor("dw_w", dw.shape, INT8, _quantize(dw, dw_scale, axis=3), list(dw_scale), [0] * channels, 3)
+    dw_w = w.tensor("dw_w", dw.shape, INT8, quantize(dw, dw_scale, axis=3), list(dw_scale), [0] * channels, 3)
     dw_b = w.tensor("dw_b", [channels], INT32, np.round(db / (conv_scale * dw_scale)).astype(np.int32),
                     list(conv_scale * dw_scale), [0] * channels)
     dw_out_scale, dw_zp = 6.0 / 255, 0
@@ -266,7 +254,7 @@ def int8_convnet(path: Path, seed: int = 0, hw: int = 8, channels: int = 8, clas
     fw = rng.normal(0, 0.05, (classes, flat))
     fw_scale = float(np.abs(fw).max() / 127)
     fb = rng.normal(0, 0.1, classes)
-    fc_w = w.tensor("fc_w", fw.shape, INT8, _quantize(fw, fw_scale), [fw_scale], [0])
+    fc_w = w.tensor("fc_w", fw.shape, INT8, quantize(fw, fw_scale), [fw_scale], [0])
     fc_b = w.tensor("fc_b", [classes], INT32, np.round(fb / (add_scale * fw_scale)).astype(np.int32),
                     [add_scale * fw_scale], [0])
     fc_scale, fc_zp = 16.0 / 255, 0
@@ -302,17 +290,9 @@ def bilinear_upsample(path: Path, seed: int = 0, hw: int = 6, channels: int = 8,
     """input f32 [1,hw,hw,channels] -> RESIZE_BILINEAR (half-pixel centres, as in MediaPipe's palm and pose
     detectors) -> output f32 [1,hw*scale,hw*scale,channels]. TVM's kernel converts between float32 and
     int64, which 32-bit ARM does with libgcc helpers (see docs/armv7.md)."""
-    import tflite
-
-    def options(b):
-        tflite.ResizeBilinearOptionsStart(b)
-        tflite.ResizeBilinearOptionsAddAlignCorners(b, False)
-        tflite.ResizeBilinearOptionsAddHalfPixelCenters(b, True)
-        return tflite.ResizeBilinearOptionsEnd(b)
-
     w = TFLiteWriter()
     x = w.tensor("input", [1, hw, hw, channels], FLOAT32)
     size = w.tensor("size", [2], INT32, np.array([hw * scale, hw * scale], dtype=np.int32))
     out = w.tensor("output", [1, hw * scale, hw * scale, channels], FLOAT32)
-    w.op(RESIZE_BILINEAR, [x, size], [out], (tflite.BuiltinOptions.ResizeBilinearOptions, options))
+    w.op(RESIZE_BILINEAR, [x, size], [out], options("ResizeBilinearOptions", AlignCorners=False, HalfPixelCenters=True))
     return w.write(path, [x], [out])
