@@ -4,7 +4,6 @@ under qemu-user on ``.npy`` inputs, its ``.npy`` outputs read back. No Python on
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 import tempfile
