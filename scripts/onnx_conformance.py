@@ -334,7 +334,8 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
     lines = [
         "## ONNX backend node tests",
         "",
-        "Written by `python scripts/onnx_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown docs/conformance.md`:",
+        "Written by `python scripts/onnx_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown"
+        " docs/conformance.md`:",
         "every non-expanded node case shipped in the onnx wheel, imported and compiled through edgepack's own path",
         "and run on the host (Relax VM) or, cross-compiled for a device profile, as the device library run by",
         "edgepack's C runner under qemu-user (what `validate --on emulator` does); outputs compared with the",
@@ -354,7 +355,8 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
                      f"{sum(r.seconds for r in results.values()) / 60:.0f} min |")
     lines += [
         "",
-        f"- Vision subset (operators marked *): {summary['vision']['pass']} / {summary['vision']['total']} pass on the host"
+        f"- Vision subset (operators marked *): {summary['vision']['pass']} / {summary['vision']['total']} pass on the"
+        " host"
         + "".join(f"; {sum(r.status == 'pass' for r in res.values() if r.op in VISION_OPS)} / "
                   f"{sum(r.op in VISION_OPS for r in res.values())} on {p.profile}" for p, _, res in devices),
         (f"- {summary['pass_with_frozen_parameters']} of the host passes feed parameter inputs (axes, sizes/scales,"
@@ -379,7 +381,8 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
         device_cells = ""
         for _, _, res in devices:
             ran = [r for r in res.values() if r.op == op]
-            device_cells += f" {sum(r.status == 'pass' for r in ran)}{'' if len(ran) == sum(cnt.values()) else f' of {len(ran)}'} |"
+            of = "" if len(ran) == sum(cnt.values()) else f" of {len(ran)}"
+            device_cells += f" {sum(r.status == 'pass' for r in ran)}{of} |"
         lines.append(f"| {op}{' *' if op in VISION_OPS else ''} | {sum(cnt.values())} | "
                      + " | ".join(str(cnt.get(s, 0)) for s in STATUSES) + " |" + device_cells)
     lines += ["", "### Cases that do not pass on the host", "", "| case | status | why |", "|---|---|---|"]
@@ -419,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="results file (default: the place's in <cache>/conformance/results)")
     parser.add_argument("--resume", action="store_true", help="skip the cases already in the results file")
     parser.add_argument("--markdown", type=Path,
-                        help="write the ONNX section of this report (e.g. docs/conformance.md) from every place's results")
+                        help="write the ONNX section of this report (e.g. docs/conformance.md) from every place's"
+                        " results")
     parser.add_argument("--report-only", action="store_true", help="run nothing; only --markdown from stored results")
     parser.add_argument("--failures", action="store_true", help="list every case that does not pass")
     args = parser.parse_args(argv)
