@@ -363,7 +363,8 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
          " pads, k, split sizes, ...) as constants, as deployable models carry them (see PARAMETER_INPUTS in the"
          " script); the rest pass with every input given at run time"),
         "- Case time: import + compile (+ cross-link) + run, summed over the cases (`--jobs` workers share it);"
-        " device builds and outputs are cached, so a rerun with nothing changed takes minutes",
+        " device builds and outputs are cached, so a rerun with nothing changed only compares (424 cases in 14 s"
+        " here)",
         "",
         "Notes on what the numbers mean:",
         "- Sub-byte types (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) cross the compiled model's boundary in 8-bit",
@@ -390,16 +391,20 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
         if r.status != "pass":
             lines.append(f"| {r.case} | {r.status} ({r.kind}) | {_cell(r.message)} |")
     lines += ["", "### Device path: cases whose result differs from the host's", ""]
-    rows = [(p, h, d) for p, _, res in devices for h, d in differences(host_results, res)]
+    rows: dict[tuple, list[str]] = {}  # the same difference on several devices is one row
+    for p, _, res in devices:
+        for h, d in differences(host_results, res):
+            rows.setdefault((d.case, h.status, d.status, d.kind, d.message), []).append(p.profile)
     if not devices:
         lines.append("No device path has been run yet.")
     elif not rows:
         lines.append("None: every case that ran on a device has the host's result.")
     else:
-        lines += ["| case | place | host | device | why |", "|---|---|---|---|---|"]
-        for p, h, d in sorted(rows, key=lambda row: (row[1].case, row[0].name)):
-            why = device_cause(d.case) or d.message
-            lines.append(f"| {d.case} | {p.profile} | {h.status} | {d.status} ({d.kind}) | {_cell(why, 220)} |")
+        lines += ["| case | devices | host | device | why |", "|---|---|---|---|---|"]
+        for (case, host_status, status, kind, message), profiles in sorted(rows.items()):
+            why = device_cause(case) or _cell(message, 220)
+            shown = f"{status} ({kind})" if kind else status
+            lines.append(f"| {case} | {', '.join(profiles)} | {host_status} | {shown} | {why} |")
     return "\n".join(lines) + "\n"
 
 

@@ -404,7 +404,8 @@ def markdown_section(places) -> str:
         "",
         "Written by `python scripts/tflite_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown"
         " docs/conformance.md`:",
-        f"{len(OPS)} builtin operators, {len(cases)} cases: each operator alone in a model written with",
+        f"{len({op.code for op in OPS.values()})} builtin operators in {len(OPS)} configurations, {len(cases)} cases:"
+        " each operator alone in a model written with",
         "`scripts/tflite_factory.py`, as float32, with float16 constants behind DEQUANTIZE (fp16, where the operator",
         "has constant operands) and fully int8-quantized between QUANTIZE and DEQUANTIZE (int8); compared with",
         "LiteRT on the same inputs (float32/fp16: rtol 1e-3, atol 1e-5; int8: one quantization step of the output).",
