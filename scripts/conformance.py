@@ -12,7 +12,7 @@ Places (``--profile``, ``--on``):
 
 Device cases are cached under ``<cache>/conformance/<tvm>/<profile>/<case>-<key>/``: the device library and
 its tensor specs (or the import/compile failure), keyed by the case's model and input shapes, the target,
-the compiler and the sources that compile (``BUILD_SOURCES``); beside them the outputs of each run, keyed
+the compiler, the sources that compile (``BUILD_SOURCES``) and ``CACHE_VERSION``; beside them the outputs of each run, keyed
 by the runner (its build covers the C API and the TVM runtime), the inputs and ``RUN_SOURCES``. A rerun
 with nothing changed only compares; a change rebuilds or reruns what it could affect.
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 CRASH_CASE = "__crash__"  # a pseudo case whose worker dies (used by tests/test_conformance.py)
 STATUSES = ("pass", "mismatch", "error", "crash", "timeout")
 RUN_TIMEOUT_S = 120.0  # one C runner run under qemu
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # bump when what a cache entry holds, or how it is made here, changes
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def last_line(text: str) -> str:
 
 # What decides the device library a case compiles to (the build key), and how the runner runs it (with
 # the runner's own key, which covers the C API and the TVM runtime).
-BUILD_SOURCES = ("scripts/conformance.py", "edgepack/frontends", "edgepack/backends", "edgepack/toolchain", "edgepack/compiling.py",
+BUILD_SOURCES = ("edgepack/frontends", "edgepack/backends", "edgepack/toolchain", "edgepack/compiling.py",
                  "edgepack/profiles.py", "edgepack/tensors.py", "edgepack/manifest.py", "device_profiles")
 RUN_SOURCES = ("edgepack/run/c_runner.py", "edgepack/tensors.py")
 _DIGESTS: dict[tuple[str, ...], str] = {}

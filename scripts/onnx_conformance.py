@@ -254,7 +254,12 @@ def run_cases(cases: list[str], jobs: int, timeout: float, on_result, recycle: i
 
 # Why a case that passes on the host does not pass on a device, where the message alone does not say.
 # Keys are regular expressions over case names; the report shows the first that matches.
-DEVICE_CAUSES: dict[str, str] = {}
+DEVICE_CAUSES: dict[str, str] = {
+    r"^test_top_k_uint64$": (
+        "passes on the device only: the host runs TVM's own sort kernels (tvm.contrib.sort.topk in the wheel's"
+        " libtvm_runtime_extra), which refuse uint64 input; devices run the C API's version"
+        " (runtimes/api/c/src/edgepack.c), which sorts every integer type"),
+}
 
 
 def summarise(results: list[CaseResult]) -> dict:
@@ -329,7 +334,8 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
     lines = [
         "## ONNX backend node tests",
         "",
-        "Written by `python scripts/onnx_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown docs/conformance.md`:",
+        "Written by `python scripts/onnx_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown"
+        " docs/conformance.md`:",
         "every non-expanded node case shipped in the onnx wheel, imported and compiled through edgepack's own path",
         "and run on the host (Relax VM) or, cross-compiled for a device profile, as the device library run by",
         "edgepack's C runner under qemu-user (what `validate --on emulator` does); outputs compared with the",
@@ -349,14 +355,16 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
                      f"{sum(r.seconds for r in results.values()) / 60:.0f} min |")
     lines += [
         "",
-        f"- Vision subset (operators marked *): {summary['vision']['pass']} / {summary['vision']['total']} pass on the host"
+        f"- Vision subset (operators marked *): {summary['vision']['pass']} / {summary['vision']['total']} pass on the"
+        " host"
         + "".join(f"; {sum(r.status == 'pass' for r in res.values() if r.op in VISION_OPS)} / "
                   f"{sum(r.op in VISION_OPS for r in res.values())} on {p.profile}" for p, _, res in devices),
         (f"- {summary['pass_with_frozen_parameters']} of the host passes feed parameter inputs (axes, sizes/scales,"
          " pads, k, split sizes, ...) as constants, as deployable models carry them (see PARAMETER_INPUTS in the"
          " script); the rest pass with every input given at run time"),
         "- Case time: import + compile (+ cross-link) + run, summed over the cases (`--jobs` workers share it);"
-        " device builds and outputs are cached, so a rerun with nothing changed takes minutes",
+        " device builds and outputs are cached, so a rerun with nothing changed only compares (424 cases in 14 s"
+        " here)",
         "",
         "Notes on what the numbers mean:",
         "- Sub-byte types (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) cross the compiled model's boundary in 8-bit",
@@ -374,7 +382,8 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
         device_cells = ""
         for _, _, res in devices:
             ran = [r for r in res.values() if r.op == op]
-            device_cells += f" {sum(r.status == 'pass' for r in ran)}{'' if len(ran) == sum(cnt.values()) else f' of {len(ran)}'} |"
+            of = "" if len(ran) == sum(cnt.values()) else f" of {len(ran)}"
+            device_cells += f" {sum(r.status == 'pass' for r in ran)}{of} |"
         lines.append(f"| {op}{' *' if op in VISION_OPS else ''} | {sum(cnt.values())} | "
                      + " | ".join(str(cnt.get(s, 0)) for s in STATUSES) + " |" + device_cells)
     lines += ["", "### Cases that do not pass on the host", "", "| case | status | why |", "|---|---|---|"]
@@ -382,16 +391,20 @@ def markdown_section(places: list[tuple[Place, dict, dict[str, CaseResult]]]) ->
         if r.status != "pass":
             lines.append(f"| {r.case} | {r.status} ({r.kind}) | {_cell(r.message)} |")
     lines += ["", "### Device path: cases whose result differs from the host's", ""]
-    rows = [(p, h, d) for p, _, res in devices for h, d in differences(host_results, res)]
+    rows: dict[tuple, list[str]] = {}  # the same difference on several devices is one row
+    for p, _, res in devices:
+        for h, d in differences(host_results, res):
+            rows.setdefault((d.case, h.status, d.status, d.kind, d.message), []).append(p.profile)
     if not devices:
         lines.append("No device path has been run yet.")
     elif not rows:
         lines.append("None: every case that ran on a device has the host's result.")
     else:
-        lines += ["| case | place | host | device | why |", "|---|---|---|---|---|"]
-        for p, h, d in sorted(rows, key=lambda row: (row[1].case, row[0].name)):
-            why = device_cause(d.case) or d.message
-            lines.append(f"| {d.case} | {p.profile} | {h.status} | {d.status} ({d.kind}) | {_cell(why, 220)} |")
+        lines += ["| case | devices | host | device | why |", "|---|---|---|---|---|"]
+        for (case, host_status, status, kind, message), profiles in sorted(rows.items()):
+            why = device_cause(case) or _cell(message, 220)
+            shown = f"{status} ({kind})" if kind else status
+            lines.append(f"| {case} | {', '.join(profiles)} | {host_status} | {shown} | {why} |")
     return "\n".join(lines) + "\n"
 
 
@@ -414,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="results file (default: the place's in <cache>/conformance/results)")
     parser.add_argument("--resume", action="store_true", help="skip the cases already in the results file")
     parser.add_argument("--markdown", type=Path,
-                        help="write the ONNX section of this report (e.g. docs/conformance.md) from every place's results")
+                        help="write the ONNX section of this report (e.g. docs/conformance.md) from every place's"
+                        " results")
     parser.add_argument("--report-only", action="store_true", help="run nothing; only --markdown from stored results")
     parser.add_argument("--failures", action="store_true", help="list every case that does not pass")
     args = parser.parse_args(argv)

@@ -122,8 +122,9 @@ OPS: dict[str, Op] = {
                                 {"Padding": VALID, "StrideW": 2, "StrideH": 2, "FusedActivationFunction": RELU6,
                                  **CONV}, ALL),
     "depthwise_conv_2d": Op("DEPTHWISE_CONV_2D", (x(1, 6, 6, 8), w(1, 3, 3, 8, axis=3), b(8)), (1, 6, 6, 8),
-                            "DepthwiseConv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1, "DepthMultiplier": 1,
-                                                       "FusedActivationFunction": RELU, **CONV}, ALL),
+                            "DepthwiseConv2DOptions", {"Padding": SAME, "StrideW": 1, "StrideH": 1,
+                                                       "DepthMultiplier": 1, "FusedActivationFunction": RELU, **CONV},
+                            ALL),
     "depthwise_conv_2d_mult2_stride2": Op("DEPTHWISE_CONV_2D", (x(1, 7, 7, 4), w(1, 3, 3, 8, axis=3), b(8)),
                                           (1, 3, 3, 8), "DepthwiseConv2DOptions",
                                           {"Padding": VALID, "StrideW": 2, "StrideH": 2, "DepthMultiplier": 2,
@@ -166,9 +167,11 @@ OPS: dict[str, Op] = {
     "l2_normalization": Op("L2_NORMALIZATION", (x(1, 4, 4, 8),), (1, 4, 4, 8), "L2NormOptions", {}, F32),
     # pooling and reductions
     "average_pool_2d": Op("AVERAGE_POOL_2D", (x(1, 8, 8, 4),), (1, 4, 4, 4), "Pool2DOptions",
-                          {"Padding": SAME, "StrideW": 2, "StrideH": 2, "FilterWidth": 3, "FilterHeight": 3}, quant="same"),
+                          {"Padding": SAME, "StrideW": 2, "StrideH": 2, "FilterWidth": 3, "FilterHeight": 3},
+                          quant="same"),
     "max_pool_2d": Op("MAX_POOL_2D", (x(1, 8, 8, 4),), (1, 4, 4, 4), "Pool2DOptions",
-                      {"Padding": VALID, "StrideW": 2, "StrideH": 2, "FilterWidth": 2, "FilterHeight": 2}, quant="same"),
+                      {"Padding": VALID, "StrideW": 2, "StrideH": 2, "FilterWidth": 2, "FilterHeight": 2},
+                      quant="same"),
     "mean": Op("MEAN", (x(1, 4, 4, 8), p(1, 2)), (1, 1, 1, 8), "ReducerOptions", {"KeepDims": True}),
     "sum": Op("SUM", (x(1, 4, 4, 8), p(2)), (1, 4, 8), "ReducerOptions", {"KeepDims": False}, F32),
     "reduce_max": Op("REDUCE_MAX", (x(1, 4, 4, 8), p(3)), (1, 4, 4), "ReducerOptions", {"KeepDims": False},
@@ -197,7 +200,8 @@ OPS: dict[str, Op] = {
     "resize_bilinear": Op("RESIZE_BILINEAR", (x(1, 6, 6, 8), p(12, 12)), (1, 12, 12, 8), "ResizeBilinearOptions",
                           {"AlignCorners": False, "HalfPixelCenters": True}, quant="same"),
     "resize_bilinear_align_corners": Op("RESIZE_BILINEAR", (x(1, 5, 5, 4), p(9, 9)), (1, 9, 9, 4),
-                                        "ResizeBilinearOptions", {"AlignCorners": True, "HalfPixelCenters": False}, F32),
+                                        "ResizeBilinearOptions", {"AlignCorners": True, "HalfPixelCenters": False},
+                                        F32),
     "resize_nearest_neighbor": Op("RESIZE_NEAREST_NEIGHBOR", (x(1, 6, 6, 8), p(12, 12)), (1, 12, 12, 8),
                                   "ResizeNearestNeighborOptions", {"AlignCorners": False, "HalfPixelCenters": False},
                                   quant="same"),
@@ -398,8 +402,10 @@ def markdown_section(places) -> str:
     lines = [
         "## TFLite operators (single-operator models against LiteRT)",
         "",
-        "Written by `python scripts/tflite_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown docs/conformance.md`:",
-        f"{len(OPS)} builtin operators, {len(cases)} cases: each operator alone in a model written with",
+        "Written by `python scripts/tflite_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown"
+        " docs/conformance.md`:",
+        f"{len({op.code for op in OPS.values()})} builtin operators in {len(OPS)} configurations, {len(cases)} cases:"
+        " each operator alone in a model written with",
         "`scripts/tflite_factory.py`, as float32, with float16 constants behind DEQUANTIZE (fp16, where the operator",
         "has constant operands) and fully int8-quantized between QUANTIZE and DEQUANTIZE (int8); compared with",
         "LiteRT on the same inputs (float32/fp16: rtol 1e-3, atol 1e-5; int8: one quantization step of the output).",
@@ -429,8 +435,8 @@ def markdown_section(places) -> str:
     for name, op in OPS.items():
         lines.append(f"| {op.code} | {name} | " + " | ".join(cell(name, v) for v in VARIANTS) + " |")
     failing = [(p, r) for p, _, res in places for r in res.values() if r.status != "pass"]
-    lines += ["", f"Places: {', '.join(p.name for p, _, _ in places)} (a cell names each place's result where they differ).",
-              ""]
+    lines += ["", f"Places: {', '.join(p.name for p, _, _ in places)} (a cell names each place's result where"
+              " they differ).", ""]
     if failing:
         lines += ["### TFLite cases that do not pass", "", "| case | place | status | why |", "|---|---|---|---|"]
         for p, r in sorted(failing, key=lambda item: (item[1].case, item[0].name)):
@@ -456,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter", help="only cases whose name matches this regular expression")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case (default 300)")
-    parser.add_argument("--markdown", type=Path, help="write the TFLite section of this report from every place's results")
+    parser.add_argument("--markdown", type=Path,
+                        help="write the TFLite section of this report from every place's results")
     parser.add_argument("--report-only", action="store_true", help="run nothing; only --markdown from stored results")
     args = parser.parse_args(argv)
 

@@ -253,10 +253,12 @@ def onnx_with_scalar_input(path: Path, length: int = 8) -> Path:
     def const(name: str, value) -> onnx.NodeProto:
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
 
-    then_graph = helper.make_graph([const("one_t", np.float32(1.0)), helper.make_node("Add", ["scaled", "one_t"], ["y_t"])],
-                                   "then", [], [helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [1, length])])
-    else_graph = helper.make_graph([const("one_e", np.float32(1.0)), helper.make_node("Sub", ["scaled", "one_e"], ["y_e"])],
-                                   "else", [], [helper.make_tensor_value_info("y_e", TensorProto.FLOAT, [1, length])])
+    def branch(op: str, tag: str):
+        one = const(f"one_{tag}", np.float32(1.0))
+        return helper.make_graph([one, helper.make_node(op, ["scaled", f"one_{tag}"], [f"y_{tag}"])], tag, [],
+                                 [helper.make_tensor_value_info(f"y_{tag}", TensorProto.FLOAT, [1, length])])
+
+    then_graph, else_graph = branch("Add", "then"), branch("Sub", "else")
     nodes = [
         helper.make_node("Cast", ["sr"], ["sr_f"], to=TensorProto.FLOAT),
         const("thousand", np.float32(1000.0)),

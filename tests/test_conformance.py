@@ -76,7 +76,8 @@ def test_case_passes(results, case):
 # the device path: what differs from the host there (float8, bfloat16 and sub-byte types at the C API,
 # scalar inputs, control flow, conversions 32-bit ARM does with libgcc) and the usual vision operators
 DEVICE_CASES = [
-    "test_conv_with_strides_padding", "test_maxpool_2d_pads", "test_averagepool_2d_same_upper", "test_batchnorm_example",
+    "test_conv_with_strides_padding", "test_maxpool_2d_pads", "test_averagepool_2d_same_upper",
+    "test_batchnorm_example",
     "test_gemm_default_scalar_bias", "test_resize_downsample_scales_linear", "test_resize_upsample_sizes_cubic",
     "test_softmax_axis_1", "test_lstm_with_peepholes", "test_if", "test_loop11", "test_clip_example",
     "test_bitcast_scalar_float32_to_int32", "test_dequantizelinear", "test_cast_FLOAT_to_FLOAT8E4M3FN",

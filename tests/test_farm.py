@@ -199,7 +199,8 @@ def build_rpc_server(out_dir: Path, include_dirs: list[Path], libs: list[Path], 
     for lib in libs:
         shutil.copy2(lib, out_dir / lib.name)
     exe = out_dir / "edgepack_rpc_server"
-    cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *[f"-I{d}" for d in (C_API_DIR / "include", *include_dirs)],
+    includes = [f"-I{d}" for d in (C_API_DIR / "include", *include_dirs)]
+    cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *includes,
            "-o", str(exe), str(SERVER_SOURCE), str(C_API_DIR / "src" / "edgepack.c"), f"-L{out_dir}",
            "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
            "-Wl,--as-needed", "-ldl", "-Wl,-rpath,$ORIGIN"]

@@ -263,10 +263,17 @@ def export_model_shared(
             meta_cc = cc or c_compiler_for(cxx)
             addons.append(str(_compile_meta_object(meta_text, "", Path(tmp_name) / "edgepack_meta.o", meta_cc,
                                                    options, False, log)))
-        # the triple of cxx, not of this machine's compiler (TVM's default): a model without kernels
-        # (no LLVM module to take it from) has its imports packed into an object file for this triple
-        fcompile = tvm_cc.cross_compiler(cxx, options=list(options),
-                                         get_target_triple=tvm_cc.get_target_by_dump_machine(cxx))
+        base = tvm_cc.cross_compiler(cxx, options=list(options))
+
+        def fcompile(output, objects, options=None):
+            return base(output, objects, options)
+
+        # no get_target_triple: for a model without kernels (no LLVM module to take the target from),
+        # TVM packs the VM bytecode into an object for the compile function's get_target_triple(),
+        # which cross_compiler takes from this machine's compiler (x86: "devc.o is incompatible with
+        # aarch64"), and a bare triple misses the float ABI (armhf: "uses VFP register arguments");
+        # without it TVM writes the bytecode as C, which cxx compiles with the device's ABI
+        fcompile.output_format = base.output_format
         try:
             executable.export_library(str(out_path), fcompile=fcompile, addons=addons)
         except Exception as exc:  # TVM raises RuntimeError with the linker output
