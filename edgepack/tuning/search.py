@@ -33,8 +33,8 @@ class TaskPlan:
     exhausted: bool = False
     history: list[float] = field(default_factory=list)  # best seconds after each batch (1e10: none valid yet)
     default: Any = None  # the default schedule's MeasureCandidate, measured first (None: none or done)
-    default_digest: int | None = None  # its schedule hash
     default_rule: str = ""  # the rule that made it
+    measuring_default: bool = False  # the batch in flight is the default schedule (not a trial)
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Control:
     stopped_by_time: bool = False
     interrupted: bool = False  # SIGINT/SIGTERM: finish the batch in flight, then stop
     lost: int = 0  # remote measurements lost to a dropped connection (not recorded)
-    batches: int = 0  # batches this run started
+    batches: int = 0  # batches of trials this run started (default schedules, measured first, are none)
 
     def expired(self) -> bool:
         # a run always starts one batch: a budget spent on setup (imports, search spaces, a slow
@@ -88,9 +88,20 @@ def resumable_strategy_class():
             self.plan = plan
             self.control = control
             self._pending: tuple[list, list] = ([], [])
+            self._workload = None
 
         def _initialize_with_tune_context(self, context) -> None:
+            self._workload = context.mod
             self.inner._initialize_with_tune_context(context)
+
+        def _digest(self, candidate) -> int:
+            """The schedule a candidate's trace gives when replayed on the kernel, as records are keyed
+            (``load_known``): two candidates whose own modules hash apart can replay to the same schedule
+            (seen: one schedule measured twice in a batch)."""
+            try:
+                return schedule_hash(replay(self._workload, candidate.sch.trace).mod)
+            except Exception:  # noqa: BLE001 - a trace that does not replay: its own module identifies it
+                return schedule_hash(candidate.sch.mod)
 
         def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
             # the inner search gets no trial limit of its own: budgets are enforced in this wrapper
@@ -105,12 +116,10 @@ def resumable_strategy_class():
                 return None
             if plan.default is not None:  # the untuned build's schedule: the baseline every record must beat
                 candidate, plan.default = plan.default, None
-                if plan.default_digest not in plan.known:
-                    control.left -= 1
-                    control.batches += 1
-                    self._pending = ([], [])
-                    plan.in_flight = [plan.default_digest]
-                    return [candidate]
+                self._pending = ([], [])
+                plan.measuring_default = True
+                plan.in_flight = []
+                return [candidate]
             for _ in range(32):  # rounds that only proposed recorded schedules
                 try:
                     candidates = self.inner.generate_measure_candidates()
@@ -123,7 +132,7 @@ def resumable_strategy_class():
                     return None
                 fresh, fresh_hashes, known, known_results = [], [], [], []
                 for candidate in candidates:
-                    digest = schedule_hash(candidate.sch.mod)
+                    digest = self._digest(candidate)
                     if digest in plan.known or digest in fresh_hashes:
                         run_secs = plan.known.get(digest)
                         known.append(candidate)
@@ -151,10 +160,13 @@ def resumable_strategy_class():
             self.inner.notify_runner_results(list(known) + list(measure_candidates),
                                              list(known_results) + list(results))
             # plan.known learns of this batch from the recorder: only what it records counts as done
-            self.plan.left -= len(measure_candidates)
+            if not self.plan.measuring_default:  # the default schedule is a baseline, not a trial
+                self.plan.left -= len(measure_candidates)
 
         def clone(self):
-            return ResumableSearch(self.inner.clone(), self.plan, self.control)
+            copy = ResumableSearch(self.inner.clone(), self.plan, self.control)
+            copy._workload = self._workload
+            return copy
 
     return ResumableSearch
 
@@ -271,16 +283,18 @@ def record_callback_class():
         their workers were most likely killed by the same Ctrl-C, and a rerun should try them again.
         """
 
-        def __init__(self, database, control: Control, on_batch: Callable[[int, list], None],
-                     remote: bool = False) -> None:
+        def __init__(self, database, control: Control, on_batch: Callable[[int, list, bool], None],
+                     baseline: Callable[[int], bool], remote: bool = False) -> None:
             self.database = database
             self.control = control
             self.on_batch = on_batch
+            self.baseline = baseline  # task id -> its batch is the default schedule: measured, not recorded
             self.remote = remote
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
             context = task_scheduler.tasks_[task_id].ctx
             workload = self.database.commit_workload(context.mod)
+            baseline = self.baseline(int(task_id))
             recorded: list[tuple[int, list[float] | None]] = []  # (position in the batch, run_secs; None: failed)
             for position, (candidate, built, result) in enumerate(
                     zip(measure_candidates, builder_results, runner_results)):
@@ -291,10 +305,13 @@ def record_callback_class():
                     self.control.lost += 1  # the device, not the candidate, failed: a rerun measures it
                     continue
                 run_secs = [float(v) for v in result.run_secs] if not failed else None
-                self.database.commit_tuning_record(TuningRecord(
-                    candidate.sch.trace, workload, run_secs or [1e10], context.target, candidate.args_info))
+                # the default schedule is not a MetaSchedule record: the search would start from its trace,
+                # which it cannot replay (the weight layout rewrite would be applied twice)
+                if not baseline:
+                    self.database.commit_tuning_record(TuningRecord(
+                        candidate.sch.trace, workload, run_secs or [1e10], context.target, candidate.args_info))
                 recorded.append((position, run_secs))
-            self.on_batch(int(task_id), recorded)
+            self.on_batch(int(task_id), recorded, baseline)
 
     return RecordAndReport
 

@@ -62,6 +62,7 @@ from edgepack.tuning.records import (
     load_tuning,
     read_database,
     read_json,
+    read_defaults,
     record_default,
     record_seconds,
     repair_database,
@@ -75,7 +76,6 @@ from edgepack.tuning.search import (
     load_known,
     record_callback_class,
     resumable_strategy_class,
-    schedule_hash,
     scheduler_class,
     warm_start,
 )
@@ -159,7 +159,6 @@ def _plan_default(plan: TaskPlan, backend: Backend, context, target, logger: log
     if found is None:
         return
     plan.default_rule, sch = found
-    plan.default_digest = schedule_hash(sch.mod)
     plan.default = MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
 
 
@@ -380,6 +379,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
     from tvm.s_tir.meta_schedule.search_strategy import EvolutionarySearch
 
     before = load_tuning(directory)
+    defaults = read_defaults(directory)
     state = read_json(directory / STATE_FILE) or {}
     seconds_before = float(state.get("seconds", 0.0))
     runs_before = int(state.get("runs", 0))
@@ -489,7 +489,8 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
                 continue
             contexts.append(context)
             schedulable.append(plan)
-            _plan_default(plan, backend_for(profile), context, tuning_target, logger)
+            if plan.task.workload not in defaults:  # measured in an earlier run
+                _plan_default(plan, backend_for(profile), context, tuning_target, logger)
         active[:] = schedulable
         if not active:
             return finish("tasks", 0, 0)
@@ -500,15 +501,22 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
 
         run_trials = 0
 
-        def on_batch(task_id: int, recorded: list[tuple[int, list[float] | None]]) -> None:
+        def on_batch(task_id: int, recorded: list[tuple[int, list[float] | None]], baseline: bool) -> None:
             nonlocal run_trials
             plan = active[task_id]
+            if baseline:  # the default schedule: its time goes to defaults.json, it is no trial
+                plan.measuring_default = False
+                for _position, run_secs in recorded:
+                    if run_secs:
+                        mean = sum(run_secs) / len(run_secs)
+                        record_default(directory, plan.task.workload, plan.default_rule, mean)
+                        plan.best = mean if plan.best is None else min(plan.best, mean)
+                plan.history.append(plan.best if plan.best is not None else FAILED_SECONDS * 10)
+                report(snapshot(run_trials, last=plan.index))
+                return
             for position, run_secs in recorded:
                 if position < len(plan.in_flight):
                     plan.known[plan.in_flight[position]] = run_secs
-                    if plan.in_flight[position] == plan.default_digest and run_secs:
-                        record_default(directory, plan.task.workload, plan.default_rule,
-                                       sum(run_secs) / len(run_secs))
                 if run_secs:
                     mean = sum(run_secs) / len(run_secs)
                     if mean < FAILED_SECONDS and (plan.best is None or mean < plan.best):
@@ -528,8 +536,8 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
 
         from tvm.s_tir.meta_schedule.measure_callback import RemoveBuildArtifact, UpdateCostModel
 
-        callbacks = [record_callback_class()(database, control, on_batch, remote=measurer.remote), RemoveBuildArtifact(),
-                     UpdateCostModel()]
+        callbacks = [record_callback_class()(database, control, on_batch, lambda i: active[i].measuring_default,
+                                             remote=measurer.remote), RemoveBuildArtifact(), UpdateCostModel()]
         tuning_started = time.monotonic()
         if time_left is not None:
             control.deadline = started + time_left  # the budget counts this run's setup too
