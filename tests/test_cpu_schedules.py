@@ -49,10 +49,14 @@ def test_register_tiles_fit_the_registers_and_divide_their_axes():
         for cpu in (avx512, neon32):
             tile = choose_tile(vector, register, cpu.lanes(32), cpu, group)
             assert (group or vector) % (tile.lanes * tile.vectors) == 0 and register % tile.repeat == 0
-            assert tile.lanes & (tile.lanes - 1) == 0 and tile.lanes <= cpu.lanes(32)  # a power of two: no
-            assert tile.accumulators <= cpu.accumulators                                # odd-width vectors
+            assert tile.lanes <= cpu.lanes(32)  # a vector never spans two registers
+            assert tile.accumulators <= cpu.accumulators
             assert tile.accumulators + tile.vectors + 1 <= cpu.vector_registers
+            depthwise = choose_tile(vector, register, cpu.lanes(32), cpu, group, depthwise=True)
+            assert depthwise.accumulators <= cpu.accumulators // 2
     assert choose_tile(144, 56, 16, avx512).lanes == 16  # 144 = 9 x 16 (not 24-wide vectors)
+    assert choose_tile(24, 56, 16, avx512).lanes == 8  # a power of two that fills half a register
+    assert choose_tile(42, 32, 16, avx512).lanes == 14  # else the largest divisor that fits: 14, not 2
     assert choose_tile(136, 28, 16, avx512, group=34).lanes == 2  # a vector never crosses a group
 
 
