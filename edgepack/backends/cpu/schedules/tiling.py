@@ -139,8 +139,8 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
             sch.vectorize(sch.split(flat, [None, tile.lanes])[1])
     sch.decompose_reduction(block, reductions[0])
     nest = sch.get(fused)
-    for leftover in child_blocks(sch):  # blocks after the epilogue that could not join it
-        loops = sch.get_loops(leftover)
+    for leftover in child_blocks(sch):  # blocks outside the tile: inputs of the epilogue (a residual
+        loops = sch.get_loops(leftover)  # padded to more channels) or what could not join it
         if loops and not sch.get(loops[0]).same_as(nest) and is_spatial(sch, leftover):
             parallel_vectorize(sch, leftover, cpu)
     rewrite_weight_layouts(sch)
@@ -178,7 +178,7 @@ def parallel_vectorize(sch, block, cpu: CpuInfo) -> None:
         return
     innermost = static_extent(sch, loops[-1]) or 1
     bits = max(8, int(sch.get(block).writes[0].source.dtype.bits))
-    lanes = power_of_two_divisor(innermost, cpu.lanes(bits))
+    lanes = vector_lanes(innermost, cpu.lanes(bits))
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = static_extent(sch, flat) or 1
     elements = total
