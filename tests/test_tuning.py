@@ -243,7 +243,7 @@ def test_tuning_show_cli(tmp_path):
     data = json.loads(shown.stdout)
     assert data["trials"] == 3 and [t["trials"] for t in data["tasks"]] == [2, 1]
     table = run_cli("tuning", "show", str(d), check=True).stdout
-    for needle in ("fused_conv", "share", "80.0%", "default ms", "3 trials; 2/2 tasks have a record faster than their default"):
+    for needle in ("fused_conv", "share", "80.0%", "default", "3 trials; 2/2 tasks have a record faster than their default"):
         assert needle in table, table
     assert_clean_error(run_cli("tuning", "show", str(tmp_path / "nothing")), "is not a tuning directory")
 

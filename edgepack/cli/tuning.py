@@ -119,22 +119,36 @@ def tuning_table(summary, title: str | None = None, limit: int | None = None, tr
     meta = summary.meta
     table = Table(title=title or f"Tuning of {meta.model_name} for {meta.profile} ({summary.directory})",
                   title_justify="left")
-    for col in ("task", "weight", "trials", "failed", "default ms", "best ms", "speed-up", "GFLOP/s", "share"):
-        table.add_column(col, justify="left" if col == "task" else "right", no_wrap=col == "task")
     tasks = sorted(summary.tasks, key=lambda t: (-(t.share or 0.0), t.best_seconds is None, t.name))
     candidates = [t for t in tasks if t.trials] if tried_only else tasks
     shown = candidates if limit is None else candidates[:limit]
+    rows = []
     for t in shown:
         speedup = "default" if t.best_seconds is not None and not t.tuned else \
             (f"{t.speedup:.2f}x" if t.speedup else "-")
-        table.add_row(t.name, str(t.weight), str(t.trials), str(t.failed) if t.failed else "",
-                      _ms(t.default_seconds), _ms(t.best_seconds), speedup,
-                      f"{t.gflops:.1f}" if t.gflops else "-", _pct(t.share))
+        rows.append([t.name, str(t.weight), str(t.trials), str(t.failed) if t.failed else "",
+                     _ms(t.default_seconds), _ms(t.best_seconds), speedup,
+                     f"{t.gflops:.1f}" if t.gflops else "-", _pct(t.share)])
     if len(shown) < len(tasks):
         rest = [t for t in tasks if t not in shown]
         untried = sum(not t.trials for t in rest)
         label = f"… {len(rest)} more" + (f" ({untried} without trials)" if untried else "")
-        table.add_row(label, "", str(sum(t.trials for t in rest)), "", "", "", "", "", "")
+        rows.append([label, "", str(sum(t.trials for t in rest)), "", "", "", "", "", ""])
+    # numbers keep their width (headers take two lines); a long kernel name is cut to what is left
+    headers = ["task", "weight", "trials", "failed", "default\nms", "best\nms", "speed\nup", "GFLOP\n/s", "share"]
+    if not any(row[3] for row in rows):  # no failed trial: no column for them
+        headers.pop(3)
+        rows = [row[:3] + row[4:] for row in rows]
+    widths = [max([len(line) for line in head.split("\n")] + [len(row[i]) for row in rows])
+              for i, head in enumerate(headers)]
+    room = render.console.width - sum(widths[1:]) - 3 * len(headers) - 1
+    for i, head in enumerate(headers):
+        if i == 0:
+            table.add_column(head, no_wrap=True, overflow="ellipsis", max_width=max(10, room))
+        else:
+            table.add_column(head, justify="right", no_wrap=True, min_width=widths[i])
+    for row in rows:
+        table.add_row(*row)
     render.console.print(table)
     estimate = summary.estimated_seconds
     untuned = len(summary.tasks) - summary.tuned_tasks

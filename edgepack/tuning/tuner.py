@@ -543,12 +543,16 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
             control.deadline = started + time_left  # the budget counts this run's setup too
         report(snapshot(0))
         say(f"Tuning: up to {remaining} trials" + (f" within {format_duration(time_left)}" if time_left else ""))
+        # MetaSchedule's scheduler counts every measurement against its limits, the default schedules
+        # (baselines, not trials) too: its limits leave room for them, and the budgets are enforced by
+        # the search strategy (plan.left, control.left)
+        baselines = sum(1 for p in active if p.default is not None)
         with _stop_on_signals(control, say):
             scheduler_class()(active, on_pick, seed=run_seed).tune(
                 tasks=contexts,
                 task_weights=[float(p.task.weight) for p in active],
-                max_trials_global=remaining,
-                max_trials_per_task=remaining,
+                max_trials_global=remaining + baselines,
+                max_trials_per_task=remaining + 1,
                 num_trials_per_iter=trials_per_batch,
                 builder=measurer.builder,
                 runner=blocking_runner_class()(measurer.runner),
