@@ -120,6 +120,95 @@ def test_rules_leave_kernels_of_other_forms_alone():
     assert taken[0] == "cpu.Reduction"  # several reductions: not a tiled rule's
 
 
+def _vector_extents(mod) -> list[int]:
+    import tvm_ffi
+    from tvm import tirx
+
+    found = []
+
+    def visit(loop):
+        if loop.kind == tirx.ForKind.VECTORIZED:
+            found.append(int(loop.extent))
+
+    tvm_ffi.structural_walk(mod["main"].body, [(tirx.For, visit)], order="pre")
+    return found
+
+
+def _injective(compute, shapes, target_spec):
+    """The Injective rule's schedule of one TE kernel, for a target that need not be this machine."""
+    import tvm
+    from tvm import te
+
+    from edgepack.backends.cpu.schedules import Injective
+
+    inputs = [te.placeholder(shape, name=f"a{i}") for i, shape in enumerate(shapes)]
+    func = te.create_prim_func([*inputs, compute(*inputs)])
+    sch = Injective().apply(func, tvm.target.Target(target_spec))
+    assert sch is not None
+    return sch.mod
+
+
+AVX512 = {"kind": "llvm", "mcpu": "znver4"}
+NEON64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+
+
+def test_vectors_stay_inside_what_the_indices_divide_a_row_into():
+    """16 lanes straddling an ``% 8`` of the innermost index were computed wrongly by TVM's vectorizer
+    (ONNX RotaryEmbedding on AVX-512); the vector stays within the period."""
+    from tvm import te
+
+    def rotate(x):  # rows of 32 = 4 heads of 8, each head's halves swapped
+        return te.compute((6, 32), lambda r, i: x[r, i // 8 * 8 + (i % 8 + 4) % 8] * 2.0)
+
+    assert _vector_extents(_injective(rotate, [(6, 32)], AVX512)) == [8]
+    assert _vector_extents(_injective(lambda x: te.compute((6, 32), lambda r, i: x[r, i] * 2.0),
+                                      [(6, 32)], AVX512)) == [16]
+
+
+def test_blocks_without_a_vector_form_stay_scalar_and_compile_for_every_cpu():
+    """sinh/cosh have no vector lowering in TVM 0.27 ("unknown intrinsic"); an index computed in floating
+    point (nearest resize) moved a row on NEON when vectorised (FMA contraction)."""
+    import tvm
+    from tvm import te, topi, tirx
+
+    def nearest(x):
+        def value(y, i):
+            row = tirx.Cast("int64", tirx.ceil((tirx.Cast("float32", y) + 0.5) * 0.2857143 - 1.0))
+            return x[tirx.max(tirx.min(row, 1), 0), i]
+        return te.compute((7, 64), value)
+
+    for compute in (topi.sinh, topi.cosh, nearest):
+        for spec in (AVX512, NEON64):
+            mod = _injective(compute, [(2, 64)], spec)
+            assert _vector_extents(mod) == []
+            tvm.compile(mod, target=tvm.target.Target(spec))
+
+
+def test_calls_on_constants_that_make_tensors_from_nothing_are_not_folded(tmp_path):
+    """Folding ``zeros`` of an empty shape made a constant TVM's runtime cannot load ("Invalid DLTensor
+    file format", ONNX test_tril_zero on devices); zeros and broadcasts stay loops, weights fold."""
+    import onnx_conformance as oc
+    import tvm
+    from tvm import relax
+
+    from edgepack.backends import backend_for
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+
+    model, inputs, _expected = oc.load_case(oc.node_test_dir() / "test_tril_zero")
+    path = tmp_path / "tril.onnx"
+    import onnx
+
+    onnx.save(model, str(path))
+    imported = import_model(path, {name: tuple(v.shape) for name, v in inputs.items()})
+    profile = get_profile("host")
+    executable = backend_for(profile).build(imported, profile.tvm_target()).executable
+    executable.export_library(str(tmp_path / "model.so"))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "model.so")), tvm.cpu())
+    out = vm["main"](*(tvm.runtime.tensor(inputs[n]) for n in ("x", "k")))
+    assert tuple(out.shape) == (3, 0, 5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
 def test_default_schedules_compute_the_same_under_qemu(zoo, tmp_path, profile):

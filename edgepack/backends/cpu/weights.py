@@ -16,6 +16,35 @@ import tempfile
 MAX_ROUNDS = 8  # chains of kernels on constants (transpose, then reshape...) are short
 
 
+MAX_GROWTH = 4  # a result may be 4x its inputs (int8 or float16 weights widened to float32)
+SMALL_BYTES = 1 << 16  # results smaller than this are folded whatever their inputs
+
+
+def worth_folding(call, args: list) -> bool:
+    """Whether a call on constants should become a constant in the model: not a kernel that makes a
+    tensor from nothing or from a few values (zeros, a broadcast scalar: the model file would carry what
+    one loop writes at run time), and not an empty result (TVM's runtime cannot load an empty constant:
+    "Invalid DLTensor file format")."""
+    import tvm
+    from tvm import relax
+
+    fields = list(call.ty.fields) if isinstance(call.ty, relax.TupleType) else [call.ty]
+    out_bytes = 0
+    for field in fields:
+        shape = getattr(getattr(field, "shape", None), "values", None)
+        if shape is None or not all(hasattr(d, "value") for d in shape):
+            return False
+        elements = 1
+        for d in shape:
+            elements *= int(d.value)
+        if elements == 0:
+            return False
+        dtype = tvm.runtime.DataType(str(field.dtype))
+        out_bytes += elements * ((dtype.bits * dtype.lanes + 7) // 8)
+    in_bytes = sum(int(a.numpy().nbytes) for a in args)
+    return bool(args) and out_bytes <= max(MAX_GROWTH * in_bytes, SMALL_BYTES)
+
+
 def fold_constant_calls():
     """A module pass: every ``call_tir`` whose arguments are all constants becomes its result."""
     import tvm
@@ -52,7 +81,7 @@ def fold_constant_calls():
                     if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
                             and isinstance(value.args[0], tvm.ir.GlobalVar):
                         args = resolve(value.args[1])
-                        if args is not None:
+                        if args is not None and worth_folding(value, args):
                             found.append((value, args))
                         continue
                     resolved = resolve(value)
@@ -104,7 +133,8 @@ def fold_constant_calls():
                 if isinstance(func, relax.Function):
                     replace.builder_.update_func(gvar, replace.visit_expr(func))
             mod = replace.builder_.get()
-        # what is left to fold is Relax-level (tuples of constants...), nothing to compile
-        return relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(mod))
+        # not TVM's FoldConstant after it: it would fold what worth_folding() leaves (zeros of an empty
+        # shape made a constant the runtime cannot load)
+        return relax.transform.DeadCodeElimination()(mod)
 
     return _fold

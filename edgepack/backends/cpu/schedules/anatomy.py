@@ -149,6 +149,67 @@ def stores_one_value(sch, block) -> bool:
     return isinstance(sch.get(block).body, tirx.BufferStore)
 
 
+# math functions LLVM gets as calls to the C library (sinhf, coshf): TVM 0.27 lowers them for one value
+# only ("unknown intrinsic tirx.sinh" for a vector), so a block computing them is not vectorised
+SCALAR_ONLY_OPS = frozenset({"tirx.sinh", "tirx.cosh"})
+
+
+def scalar_only(sch, block) -> bool:
+    """Whether the block stays scalar: it calls a math function without a vector form
+    (``SCALAR_ONLY_OPS``), or it reads at an index computed in floating point (nearest-neighbour resize:
+    LLVM contracts the vector form's multiply and subtract into one FMA, which moved an index that lies
+    on a rounding boundary by one row on NEON; the scalar code matches the reference there). Gathers at
+    computed indices gain little from vectors anyway."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    found = []
+
+    def visit_call(node) -> None:
+        if str(getattr(node.op, "name", "")) in SCALAR_ONLY_OPS:
+            found.append(node)
+
+    def visit_cast(node) -> None:
+        if "float" in str(node.value.ty) and "int" in str(node.ty):
+            found.append(node)
+
+    def visit_load(node) -> None:
+        for index in node.indices:
+            tvm_ffi.structural_walk(index, [(tirx.Cast, visit_cast)], order="pre")
+
+    tvm_ffi.structural_walk(sch.get(block).body, [(tvm.ir.Call, visit_call), (tvm.ir.expr.TensorLoad, visit_load)],
+                            order="pre")
+    return bool(found)
+
+
+def index_period(sch, block) -> int:
+    """The gcd of the constant divisors (``//``, ``%``) applied to the block's innermost index in what
+    it reads and writes (0: none). A vector must not cross such a boundary: TVM 0.27's vectorizer
+    computed ``(i // 32, i % 8)`` wrongly for 16 lanes that straddle an ``% 8`` (ONNX RotaryEmbedding on
+    AVX-512; 8 lanes were right)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    stmt = sch.get(block)
+    if not stmt.iter_vars:
+        return 0
+    target = stmt.iter_vars[-1].var
+    period = 0
+
+    def visit(node) -> None:
+        nonlocal period
+        if isinstance(node.b, tirx.IntImm):
+            uses: list[bool] = []
+            tvm_ffi.structural_walk(node.a, [(tirx.Var, lambda v: uses.append(v.same_as(target)))],
+                                    order="pre")
+            if any(uses):
+                period = gcd(period, int(node.b.value))
+
+    tvm_ffi.structural_walk(stmt.body, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)], order="pre")
+    return period
+
+
 def static_extent(sch, loop) -> int | None:
     extent = sch.get(loop).extent
     return int(extent.value) if hasattr(extent, "value") else None

@@ -18,9 +18,16 @@ folds the rewrite into the constants), so every weight load is one contiguous ve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import gcd, prod
 
-from edgepack.backends.cpu.schedules.anatomy import Anatomy, child_blocks, is_spatial, static_extent
+from edgepack.backends.cpu.schedules.anatomy import (
+    Anatomy,
+    child_blocks,
+    index_period,
+    is_spatial,
+    scalar_only,
+    static_extent,
+)
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 
 MAX_REGISTER_REPEAT = 16  # unrolled repeats along the register axis
@@ -135,7 +142,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
     tile_loops = sch.get_loops(write_back)[1:]
     if tile_loops:
         flat = sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0]
-        if tile.lanes > 1:
+        if tile.lanes > 1 and not scalar_only(sch, write_back):  # the epilogue: e.g. a fused cosh
             sch.vectorize(sch.split(flat, [None, tile.lanes])[1])
     sch.decompose_reduction(block, reductions[0])
     nest = sch.get(fused)
@@ -178,7 +185,14 @@ def parallel_vectorize(sch, block, cpu: CpuInfo) -> None:
         return
     innermost = static_extent(sch, loops[-1]) or 1
     bits = max(8, int(sch.get(block).writes[0].source.dtype.bits))
-    lanes = vector_lanes(innermost, cpu.lanes(bits))
+    if scalar_only(sch, block):  # the loop nest as it is (fused, LLVM contracted the index arithmetic
+        extents = [static_extent(sch, loop) or 1 for loop in loops]  # differently): its first loop of more
+        first = next((k for k, extent in enumerate(extents[:-1]) if extent > 1), None)  # than one trip runs
+        if first is not None and prod(extents) >= PARALLEL_MIN_ELEMENTS:  # in parallel
+            sch.parallel(loops[first])
+        return
+    period = index_period(sch, block)  # vectors stay inside what the indices divide the row into
+    lanes = vector_lanes(gcd(innermost, period) if period else innermost, cpu.lanes(bits))
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = static_extent(sch, flat) or 1
     elements = total
