@@ -142,6 +142,36 @@ def test_best_records_copy(tmp_path):
     assert (tmp_path / "best" / WORKLOAD_FILE).read_text() == '["111","AAAA"]\n'
 
 
+def test_a_schedule_is_known_by_the_same_key_before_and_after_it_is_written(tmp_path):
+    """A candidate's trace holds booleans (a layout-rewrite annotation: True); the records file gives
+    them back as 0/1, which replayed to another program: a resumed run recognised none of the schedules
+    it had measured and measured one again (CI: 40 records, 39 distinct)."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+
+    from edgepack.tuning.search import replay, schedule_hash
+
+    a, b = te.placeholder((16, 16), name="a"), te.placeholder((16, 16), name="b")
+    k = te.reduce_axis((0, 16), name="k")
+    c = te.compute((16, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    sch = Schedule(mod)
+    block = sch.get_sblock("c")
+    sch.annotate(block, "meta_schedule.layout_rewrite_preproc", True)
+    sch.split(sch.get_loops(block)[1], [None, 4])
+
+    database = JSONDatabase(path_workload=str(tmp_path / WORKLOAD_FILE), path_tuning_record=str(tmp_path / RECORD_FILE))
+    workload = database.commit_workload(mod)
+    database.commit_tuning_record(TuningRecord(sch.trace, workload, [1e-3], tvm.target.Target({"kind": "llvm"}),
+                                               ArgInfo.from_prim_func(mod["main"])))
+    [written] = JSONDatabase(path_workload=str(tmp_path / WORKLOAD_FILE),
+                             path_tuning_record=str(tmp_path / RECORD_FILE)).get_all_tuning_records()
+    assert schedule_hash(replay(mod, sch.trace).mod) == schedule_hash(replay(written.workload.mod, written.trace).mod)
+
+
 def test_recorded_schedules_are_known_to_their_own_kernel(tmp_path):
     """Records of two kernels in one database: each kernel's plan gets exactly its own (a resumed run
     must not measure a recorded schedule again, nor warm-start one kernel's cost model on another's)."""

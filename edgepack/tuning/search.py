@@ -61,12 +61,27 @@ def schedule_hash(mod) -> int:
 
 
 def replay(workload_mod, trace):
-    """A record's schedule: its trace (postprocessing included) replayed on its kernel."""
+    """A record's schedule: its trace (postprocessing included) replayed on its kernel, as the trace reads
+    once written to the records file. The file holds booleans as 0/1, so a trace straight from the search
+    replays to another program (``{"meta_schedule.layout_rewrite_preproc": True}`` vs ``1``) and a
+    resumed run did not recognise any schedule it had measured before."""
     from tvm.s_tir import Schedule
+    from tvm.s_tir.schedule import Trace
 
     sch = Schedule(workload_mod)
-    trace.apply_to_schedule(sch, remove_postproc=False)
+    Trace.apply_json_to_schedule(_as_written(trace.as_json(remove_postproc=False)), sch)
     return sch
+
+
+def _as_written(node):
+    """A trace's JSON form as the records file gives it back: booleans as integers."""
+    if isinstance(node, bool):
+        return int(node)
+    if isinstance(node, (str, int, float)) or node is None:
+        return node
+    if hasattr(node, "__len__") and hasattr(node, "__getitem__") and not hasattr(node, "keys"):
+        return [_as_written(item) for item in node]
+    return node
 
 
 def resumable_strategy_class():
