@@ -35,7 +35,7 @@ from edgepack.versions import TVM_FFI_VERSION, TVM_VERSION
 class PluginRecipe:
     """One plug-in: ``runtimes/plugins/<name>`` installs ``lib/<shared>`` and ``lib/<static>``."""
 
-    name: str  # "opencl": source dir, cache dir, -DEDGEPACK_<NAME>_VERSION
+    name: str  # e.g. the OpenCL plug-in's: its source dir, cache dir, -DEDGEPACK_<NAME>_VERSION
     label: str  # "OpenCL", for messages
     shared: str  # e.g. libtvm_opencl.so
     static: str  # e.g. libtvm_opencl.a

@@ -98,25 +98,8 @@ class Anatomy:
     def group_size(self, var: int) -> int | None:
         """For a grouped convolution the input channel is ``out_channel // group_size * ...``: SIMD lanes
         along the output channels must not cross a group. The group size, if reads divide ``var``."""
-        import tvm_ffi
-        from tvm import tirx
-
         target = self.iter_vars[var].var
-        size = 0
-
-        def visit(node):
-            nonlocal size
-            if isinstance(node.b, tirx.IntImm):
-                uses: list[bool] = []
-                tvm_ffi.structural_walk(node.a, [(tirx.Var, lambda v: uses.append(v.same_as(target)))],
-                                        order="pre")
-                if any(uses):
-                    size = gcd(size, int(node.b.value))
-
-        for read in self.reads:
-            for index in read.indices:
-                tvm_ffi.structural_walk(index, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)], order="pre")
-        return size or None
+        return divisor_gcd([index for read in self.reads for index in read.indices], target) or None
 
 
 def child_blocks(sch) -> list[Any]:
@@ -188,26 +171,29 @@ def index_period(sch, block) -> int:
     it reads and writes (0: none). A vector must not cross such a boundary: TVM 0.27's vectorizer
     computed ``(i // 32, i % 8)`` wrongly for 16 lanes that straddle an ``% 8`` (ONNX RotaryEmbedding on
     AVX-512; 8 lanes were right)."""
+    stmt = sch.get(block)
+    return divisor_gcd([stmt.body], stmt.iter_vars[-1].var) if stmt.iter_vars else 0
+
+
+def divisor_gcd(exprs, var) -> int:
+    """The gcd of the constant divisors of every ``//`` and ``%`` in ``exprs`` whose dividend uses ``var``
+    (0: none)."""
     import tvm_ffi
     from tvm import tirx
 
-    stmt = sch.get(block)
-    if not stmt.iter_vars:
-        return 0
-    target = stmt.iter_vars[-1].var
-    period = 0
+    found = 0
 
     def visit(node) -> None:
-        nonlocal period
+        nonlocal found
         if isinstance(node.b, tirx.IntImm):
             uses: list[bool] = []
-            tvm_ffi.structural_walk(node.a, [(tirx.Var, lambda v: uses.append(v.same_as(target)))],
-                                    order="pre")
+            tvm_ffi.structural_walk(node.a, [(tirx.Var, lambda v: uses.append(v.same_as(var)))], order="pre")
             if any(uses):
-                period = gcd(period, int(node.b.value))
+                found = gcd(found, int(node.b.value))
 
-    tvm_ffi.structural_walk(stmt.body, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)], order="pre")
-    return period
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)], order="pre")
+    return found
 
 
 def static_extent(sch, loop) -> int | None:
