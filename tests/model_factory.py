@@ -179,11 +179,37 @@ def onnx_passthrough(path: Path, shape: tuple[int, ...], *, name: str = "input",
     return path
 
 
+def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
+    """Two 3x3 convolutions of stride 1 that edgepack runs as Winograd kernels, in shapes whose 2x2 tiles
+    overhang the output: batch 2, 9x11 pixels, 32 -> 48 channels with padding 1 (and a ReLU), then
+    48 -> 40 without padding (7x9 out). Input ``x`` [2, 32, 9, 11], output ``y`` [2, 40, 7, 9]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, np.sqrt(2.0 / (32 * 9)), (48, 32, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, np.sqrt(2.0 / (48 * 9)), (40, 48, 3, 3)).astype(np.float32)
+    bias = rng.normal(0, 0.1, 40).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"], kernel_shape=[3, 3])]
+    graph = helper.make_graph(
+        nodes, "winograd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 9, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40, 7, 9])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(bias, "b2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     """One ONNX model with a layer of every kind edgepack's CPU schedule rules take, shapes chosen to hit
     their corner cases (channel counts that are not multiples of the SIMD width, groups of 6 channels,
-    odd spatial sizes): regular 3x3 convolution with padding, depthwise stride-2, grouped 1x1, pointwise
-    with a residual add, max and average pooling, global average pooling, a dense layer with softmax,
+    odd spatial sizes): regular 3x3 convolution with padding, depthwise stride-2, grouped 1x1, a 3x3
+    convolution with enough channels to run as Winograd kernels, pointwise with a residual add, max and average pooling, global average pooling, a dense layer with softmax,
     layer normalisation, and a batched matmul of two activations. Outputs: ``logits`` [1, 10] (softmax),
     ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W]."""
     import numpy as np
@@ -210,6 +236,8 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     x = conv("input", 3, 12, 3, 1, "c1")                                  # regular 3x3, 12 channels
     x = conv(x, 12, 12, 3, 2, "dw", group=12)                             # depthwise, stride 2
     x = conv(x, 12, 24, 1, 1, "grouped", group=2)                         # grouped 1x1, 6 per group
+    x = conv(x, 24, 48, 3, 1, "winograd")                                 # 3x3 as Winograd F(2x2, 3x3)
+    x = conv(x, 48, 24, 1, 1, "squeeze")
     y = conv(x, 24, 24, 1, 1, "pw", relu=False)                           # pointwise + residual
     nodes.append(helper.make_node("Add", [x, y], ["res"]))
     nodes.append(helper.make_node("MaxPool", ["res"], ["maxpool"], kernel_shape=[3, 3], strides=[1, 1],

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 from conftest import run_cli
-from model_factory import onnx_layer_zoo
+from model_factory import onnx_layer_zoo, onnx_winograd_convs
 
 from edgepack.backends.cpu.schedules import CpuInfo, default_rules
 from edgepack.backends.cpu.schedules.tiling import choose_tile
 from edgepack.compiling import compile_model
 from edgepack.validation import validate
 
-RULES = {"cpu.Conv2D", "cpu.Matmul", "cpu.Pool", "cpu.Reduction", "cpu.Injective"}
+RULES = {"cpu.Conv2D", "cpu.Matmul", "cpu.Pool", "cpu.Reduction", "cpu.WinogradInput", "cpu.Injective"}
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +218,56 @@ def test_default_schedules_compute_the_same_under_qemu(zoo, tmp_path, profile):
     result = validate(build, "emulator")
     assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]
     assert validate(build, "emulator", threads=2).passed
+
+
+@pytest.fixture(scope="module")
+def winograd_model(tmp_path_factory):
+    return onnx_winograd_convs(tmp_path_factory.mktemp("winograd") / "winograd.onnx")
+
+
+def _winograd_kernels(build) -> dict[str, str]:
+    return {f["name"]: f["schedule"] for f in _cpu_report(build)["functions"] if "winograd" in f["name"]}
+
+
+def test_winograd_transforms_invert_to_the_direct_convolution():
+    """F(2x2, 3x3) in NumPy with the module's own matrices and index tables: the input transform's
+    gather form (rows I1 + S * I2) and the output transform's (rows r, r+1, r+2) equal B^T and A^T."""
+    from edgepack.backends.cpu.winograd import I1, I2, S, transformed_weights
+
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=(4, 4, 5))  # one input window, 5 channels
+    g = rng.normal(size=(3, 3, 3, 5))  # OHWI: 3 output channels
+    bt = np.zeros((4, 4))
+    for a in range(4):
+        bt[a, I1[a]] += 1.0
+        bt[a, I2[a]] += S[a]
+    at = np.zeros((2, 4))
+    for r in range(2):  # row r: M[r] + (1 - 2r) * (M[r + 1] + M[r + 2])
+        at[r, r], at[r, r + 1], at[r, r + 2] = 1.0, 1.0 - 2 * r, 1.0 - 2 * r
+    v = np.einsum("ai,ijc,bj->abc", bt, d, bt).reshape(16, 5)
+    u = transformed_weights(g.astype(np.float32)).astype(np.float64)  # [16, c, k]
+    m = np.einsum("ec,eck->ek", v, u).reshape(4, 4, 3)
+    y = np.einsum("ra,abk,sb->rsk", at, m, at)
+    direct = np.array([[[np.sum(d[r:r + 3, s:s + 3, :] * g[k].reshape(3, 3, 5)) for k in range(3)]
+                        for s in range(2)] for r in range(2)])
+    np.testing.assert_allclose(y, direct, rtol=1e-5, atol=1e-5)
+
+
+def test_winograd_convolutions_match_onnxruntime(winograd_model, tmp_path):
+    """Tiles that overhang the output (odd sizes), no padding, batch 2: the three kernels per
+    convolution are in the build and its outputs are ONNX Runtime's, at 1 and 2 threads."""
+    build = compile_model(winograd_model, "host", tmp_path / "host").output_dir
+    kernels = _winograd_kernels(build)
+    assert sorted(kernels.values()).count("cpu.WinogradInput") == 2, kernels
+    for threads in (1, 2):
+        report = validate(build, "host", threads=threads)
+        assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_winograd_convolutions_compute_the_same_under_qemu(winograd_model, tmp_path, profile):
+    build = compile_model(winograd_model, profile, tmp_path / profile).output_dir
+    assert sorted(_winograd_kernels(build).values()).count("cpu.WinogradInput") == 2
+    result = validate(build, "emulator")
+    assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]

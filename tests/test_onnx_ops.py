@@ -81,7 +81,7 @@ def test_residual_sum_and_relu6_fuse_into_the_convolution(tmp_path):
     through), in NCHW and channels-last, and match ONNX Runtime."""
     import tvm
 
-    from edgepack.backends import TuningLayout
+    from edgepack.backends import KernelForm
     from edgepack.tuning import extract_tasks
 
     rng = np.random.default_rng(0)
@@ -100,6 +100,6 @@ def test_residual_sum_and_relu6_fuse_into_the_convolution(tmp_path):
     imported = import_model(tmp_path / "m.onnx")
     for channels_last in (False, True):
         tasks, _ = extract_tasks(imported, get_backend("cpu"), tvm.target.Target(HOST_TARGET),
-                                 TuningLayout(channels_last=channels_last))
+                                 KernelForm(channels_last=channels_last))
         names = [t.name for t in tasks if "transpose" not in t.name]
         assert len(names) == 1 and all(op in names[0] for op in ("conv2d", "add", "maximum", "minimum")), names

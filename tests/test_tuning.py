@@ -213,14 +213,14 @@ def test_cpu_kernels_are_tuned_channels_last(models):
     convolutions into NHWC, so only the model's input and its pooled features are transposed."""
     import tvm
 
-    from edgepack.backends import TuningLayout, get_backend
+    from edgepack.backends import KernelForm, get_backend
     from edgepack.frontends import import_model
     from edgepack.tuning import extract_tasks
 
     imported = import_model(models["mobilenetv2"].path)
     target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     tasks, extracted = extract_tasks(imported, get_backend("cpu"), target,
-                                     TuningLayout(weight_prepack=True, channels_last=True))
+                                     KernelForm(weight_prepack=True, channels_last=True))
     convs = [t.dispatched[0].script() for t in extracted if "conv2d" in str(t.task_name)]
     assert len(convs) == 30  # 20 pointwise and full convolutions, 10 depthwise
     assert all('sblock("conv2d_nhwc")' in c or 'sblock("group_conv2d_nhwc")' in c for c in convs)

@@ -12,6 +12,7 @@ from edgepack.backends.base import (
     Backend,
     Build,
     DoctorCheck,
+    KernelForm,
     ScheduledFunction,
     ScheduleReport,
     TuningLayout,
@@ -27,5 +28,5 @@ from edgepack.backends.base import (
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["Backend", "Build", "DoctorCheck", "ScheduleReport", "ScheduledFunction", "TuningLayout", "TuningRecords",
+__all__ = ["Backend", "Build", "DoctorCheck", "KernelForm", "ScheduleReport", "ScheduledFunction", "TuningLayout", "TuningRecords",
            "backend_for", "backends", "describe_device", "get_backend", "register", "target_dict"]

@@ -76,21 +76,30 @@ class Build:
 
 
 @dataclass(frozen=True)
+class KernelForm:
+    """How a backend forms its kernels from the model before scheduling them. A tuning record matches a
+    kernel only when both were formed the same way, so a tuning directory keeps the form it was made
+    with (``tuning.json``) and a build with its records uses that form."""
+
+    weight_prepack: bool = False  # kernels may pick their weight layout; weights are rewritten at compile time
+    channels_last: bool = False  # convolutions work on NHWC activations
+    winograd: bool = False  # 3x3 convolutions of stride 1 as Winograd transforms and matrix products
+
+
+@dataclass(frozen=True)
 class TuningRecords:
     """Tuning records to apply in a build: MetaSchedule's database of the best record per kernel, and
-    the layout choices the records were tuned with (the kernels only match with the same ones)."""
+    the form of the kernels they were tuned on."""
 
     database: Any  # tvm.s_tir.meta_schedule.database.Database
-    weight_prepack: bool = False
-    channels_last: bool = False
+    form: KernelForm = KernelForm()
 
 
 @dataclass(frozen=True)
 class TuningLayout:
-    """How a new tuning directory of a backend tunes: the layout choices and how candidates are timed."""
+    """How a new tuning directory of a backend tunes: the kernels' form and how candidates are timed."""
 
-    weight_prepack: bool = False  # kernels may pick their weight layout; weights are rewritten at compile time
-    channels_last: bool = False  # convolutions work on NHWC activations
+    form: KernelForm = KernelForm()
     cold_weights: bool = False  # candidates timed on this machine with their weights out of the cache
 
 
@@ -214,7 +223,7 @@ class Backend(ABC):
         """The ``--on`` value that measures this backend's kernels on this machine, if any."""
         return None
 
-    def tuning_passes(self, target: Any, layout: TuningRecords | TuningLayout) -> list[Any]:
+    def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
         """Relax passes up to the fused, unscheduled TIR kernels that tuning tasks are made of."""
         raise EdgepackError(f"{self.label} builds cannot be tuned.")
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgepack.backends.base import TuningLayout, TuningRecords, register
+from edgepack.backends.base import KernelForm, TuningLayout, register
 from edgepack.backends.gpu import HOST_TARGET, GpuBackend, Kernel, format_size, gpu_tuning_passes
 from edgepack.errors import EdgepackError, ValidationError
 from edgepack.manifest import BuildManifest
@@ -150,7 +150,7 @@ class OpenCLBackend(GpuBackend):
         host = HOST_TARGET if here else profile.host_target
         return tvm.target.Target(dict(profile.target), host=host) if host else tvm.target.Target(dict(profile.target))
 
-    def tuning_passes(self, target: Any, layout: TuningRecords | TuningLayout) -> list[Any]:
+    def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
         return gpu_tuning_passes(target)
 
 

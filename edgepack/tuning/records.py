@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edgepack.backends import Backend, TuningRecords, backend_for, target_dict
+from edgepack.backends import Backend, KernelForm, TuningRecords, backend_for, target_dict
 from edgepack.errors import EdgepackError
 from edgepack.frontends import ImportedModel
 from edgepack.profiles import Profile
@@ -86,14 +86,22 @@ class TuningMeta:
     edgepack_version: str
     created: str
     format_version: int = FORMAT_VERSION
-    # CPU kernels were tuned with their constant weights layout-free (see _prepare_passes); directories
+    # CPU kernels were tuned with their constant weights layout-free (backends/cpu/pipeline.py); directories
     # made before this existed were not, and stay usable as they were made
     weight_prepack: bool = False
     # host CPU candidates were timed with their weights flushed from the cache before every run, as
     # they are in the model (read once per inference); older directories timed them cache-warm
     cold_weights: bool = False
-    # CPU convolutions were tuned channels-last (NHWC), see _prepare_passes; older directories NCHW
+    # CPU convolutions were tuned channels-last (NHWC) (backends/cpu/pipeline.py); older directories NCHW
     channels_last: bool = False
+    # CPU 3x3 convolutions were tuned as Winograd kernels; older directories tuned them as convolutions
+    winograd: bool = False
+
+    @property
+    def form(self) -> KernelForm:
+        """The form of the kernels this directory's records were tuned on."""
+        return KernelForm(weight_prepack=self.weight_prepack, channels_last=self.channels_last,
+                          winograd=self.winograd)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -555,6 +563,5 @@ def apply_tuning(imported: ImportedModel, profile: Profile, target, tuning_dir: 
                           "Compile this profile without --tuning.")
     summary = check_tuning(tuning_dir, imported, target)
     tuned = {t.workload for t in summary.tasks if t.tuned}
-    records = TuningRecords(tuning_database(tuning_dir, tuned), weight_prepack=summary.meta.weight_prepack,
-                            channels_last=summary.meta.channels_last)
+    records = TuningRecords(tuning_database(tuning_dir, tuned), form=summary.meta.form)
     return AppliedTuning(records, summary, len(tuned), len(summary.tasks))

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgepack.backends import Backend, TuningLayout, TuningRecords
+from edgepack.backends import Backend, KernelForm
 from edgepack.frontends import ImportedModel
 from edgepack.tuning.records import TuningTask
 
 
-def fused_module(imported: ImportedModel, backend: Backend, target: Any, layout: TuningLayout | TuningRecords):
+def fused_module(imported: ImportedModel, backend: Backend, target: Any, form: KernelForm):
     """The model after the backend's passes up to fused, unscheduled TIR kernels."""
     import tvm
 
     with target:
-        return tvm.transform.Sequential(backend.tuning_passes(target, layout))(imported.mod)
+        return tvm.transform.Sequential(backend.tuning_passes(target, form))(imported.mod)
 
 
 def extract_tasks(imported: ImportedModel, backend: Backend, target: Any,
-                  layout: TuningLayout | TuningRecords) -> tuple[list[TuningTask], list[Any]]:
+                  form: KernelForm) -> tuple[list[TuningTask], list[Any]]:
     """The model's tuning tasks and MetaSchedule's ExtractedTask objects, in a stable order."""
     import tvm_ffi
     from tvm.s_tir.analysis import estimate_tir_flops
     from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extract
 
-    extracted = [t for t in ms_extract(fused_module(imported, backend, target, layout), target)
+    extracted = [t for t in ms_extract(fused_module(imported, backend, target, form), target)
                  if not t.mod.attrs or not t.mod.attrs.get("tirx.is_scheduled", False)]
     tasks = []
     for task in extracted:

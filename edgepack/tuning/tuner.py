@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgepack.backends import Backend, TuningLayout, backend_for, target_dict
+from edgepack.backends import Backend, backend_for, target_dict
 from edgepack.errors import first_line
 from edgepack.frontends import ImportedModel, import_model
 from edgepack.profiles import Profile, get_profile, require_supported
@@ -258,9 +258,10 @@ def _meta_for(imported: ImportedModel, profile: Profile, backend: Backend, tunin
         tvm_ffi_version=ffi_version,
         edgepack_version=__version__,
         created=utc_timestamp(),
-        weight_prepack=layout.weight_prepack,
+        weight_prepack=layout.form.weight_prepack,
         cold_weights=layout.cold_weights and timed_here,
-        channels_last=layout.channels_last,
+        channels_last=layout.form.channels_last,
+        winograd=layout.form.winograd,
     )
 
 
@@ -340,9 +341,8 @@ def tune_model(
     if existing is not None:
         # resume the directory as it was made
         meta = replace(meta, weight_prepack=existing.weight_prepack, cold_weights=existing.cold_weights,
-                       channels_last=existing.channels_last)
-    layout = TuningLayout(weight_prepack=meta.weight_prepack, channels_last=meta.channels_last)
-    tasks, extracted = extract_tasks(imported, backend, tuning_target, layout)
+                       channels_last=existing.channels_last, winograd=existing.winograd)
+    tasks, extracted = extract_tasks(imported, backend, tuning_target, meta.form)
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")
     if existing is not None:

@@ -12,8 +12,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edgepack.backends.base import Backend, Build, ScheduledFunction, ScheduleReport, TuningLayout, TuningRecords, register
-from edgepack.backends.cpu.pipeline import cpu_pipeline, describe_pipeline, prepare_passes
+from edgepack.backends.base import (
+    Backend,
+    Build,
+    KernelForm,
+    ScheduledFunction,
+    ScheduleReport,
+    TuningLayout,
+    TuningRecords,
+    register,
+)
+from edgepack.backends.cpu.pipeline import UNTUNED_FORM, cpu_pipeline, describe_pipeline, prepare_passes
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.errors import CompileError, EdgepackError, first_line
 from edgepack.frontends.types import ImportedModel
@@ -85,7 +94,7 @@ class CpuBackend(Backend):
     # --- tuning
 
     def tuning_layout(self) -> TuningLayout:
-        return TuningLayout(weight_prepack=True, channels_last=True, cold_weights=True)
+        return TuningLayout(UNTUNED_FORM, cold_weights=True)
 
     def tuning_place(self, profile: Profile) -> str | None:
         return self.host_place if profile.is_host else None
@@ -101,8 +110,8 @@ class CpuBackend(Backend):
         host = profile.host_target
         return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
-    def tuning_passes(self, target: Any, layout: TuningRecords | TuningLayout) -> list[Any]:
-        return prepare_passes(target, layout.weight_prepack, layout.channels_last)
+    def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
+        return prepare_passes(target, form)
 
     def default_schedule(self, mod: Any, target: Any) -> tuple[str, Any] | None:
         for rule in default_rules():

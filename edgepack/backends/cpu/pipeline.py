@@ -1,7 +1,8 @@
 """The Relax pipeline of CPU builds: TVM's CPU passes with edgepack's default schedules and, for tuned
 builds, MetaSchedule's records applied first.
 
-    dispatch, legalize, fuse         convolutions channels-last (NHWC), weights marked layout-free
+    dispatch, legalize, fuse         convolutions channels-last (NHWC), 3x3 ones as Winograd kernels
+                                     (``winograd.py``), weights marked layout-free
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
     weight layouts folded            each kernel's weight rewrite runs once, here, on the constants
@@ -14,9 +15,10 @@ import contextlib
 import logging
 from typing import Any
 
-from edgepack.backends.base import TuningRecords
+from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.weights import fold_constant_calls
+from edgepack.backends.cpu.winograd import winograd_convolutions
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import first_line
 
@@ -30,24 +32,31 @@ def _cpu_passes():
     return pipeline
 
 
-def prepare_passes(target, weight_prepack: bool = False, channels_last: bool = False) -> list:
+#: How untuned builds, and new tuning directories, form their kernels.
+UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=True)
+
+
+def prepare_passes(target, form: KernelForm) -> list:
     """Relax passes up to fused TIR kernels: the same for task extraction, records and default schedules.
 
-    ``weight_prepack``: the weights are constants, so the CPU kernels mark them layout-free; a schedule
+    ``form.weight_prepack``: the weights are constants, so the CPU kernels mark them layout-free; a schedule
     (a rule's or a tuning record's, ``RewriteLayout``) may then pick the weight layout that suits its
     loop nest, and the rewrite is done once at compile time (``weight_prepack_passes``), not on every
-    inference. ``channels_last``: convolutions (and the elementwise and pooling operators between them)
+    inference. ``form.channels_last``: convolutions (and the elementwise and pooling operators between them)
     work on NHWC activations, the model's NCHW input and output transposed once at its ends. Channels
     are the axis SIMD lanes fill best: a depthwise or strided convolution in NCHW vectorizes along a row
     of 7-112 pixels (strided loads for stride 2), in NHWC along 16-1280 contiguous channels
     (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
-    0.40 ms in NCHW).
+    0.40 ms in NCHW). ``form.winograd`` (channels-last only): 3x3 convolutions of stride 1 with enough
+    channels become Winograd F(2x2, 3x3) kernels (``winograd.py``): 2.25x fewer multiplies.
     """
     from tvm import relax
 
     cpu = _cpu_passes()
-    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if weight_prepack else []
-    layout = [_channels_last()] if channels_last else []
+    prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
+    layout = [_channels_last()] if form.channels_last else []
+    if form.channels_last and form.winograd:
+        layout.append(winograd_convolutions())
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
     legalize = [fold_constant_calls() if p.info.name == "FoldConstant" else p for p in cpu.legalize_passes(target)]
     return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
@@ -111,18 +120,16 @@ def _split_layout_rewrites():
     return _pass
 
 
-def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None,
-                 *, weight_prepack: bool = True, channels_last: bool = True):
+def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None):
     """The pipeline (a module pass) and the names of what can schedule a kernel in it.
 
     ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none". Untuned
-    builds work channels-last with prepacked weights; a tuned build uses the layout its records were
-    tuned with (older tuning directories: NCHW, the model's weight layout)."""
+    builds form their kernels as ``UNTUNED_FORM``; a tuned build as its records were tuned (older tuning
+    directories: NCHW, the model's weight layout, direct 3x3 convolutions)."""
     import tvm
     from tvm import relax
 
-    if records is not None:
-        weight_prepack, channels_last = records.weight_prepack, records.channels_last
+    form = records.form if records is not None else UNTUNED_FORM
     cpu = _cpu_passes()
     rules = default_rules()
 
@@ -134,10 +141,10 @@ def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None =
                 note_before, note_after = note_tuned_pass(record)
                 tuned = [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False), note_after]
             seq = tvm.transform.Sequential([
-                *prepare_passes(target, weight_prepack, channels_last),
+                *prepare_passes(target, form),
                 *tuned,
                 recording_schedule_pass(rules, record),
-                *(weight_prepack_passes() if weight_prepack else []),
+                *(weight_prepack_passes() if form.weight_prepack else []),
                 *cpu.dataflow_lower_passes(target),
                 *cpu.finalize_passes(target),
             ])

@@ -16,11 +16,12 @@ from edgepack.backends.cpu.schedules.matmul import Matmul
 from edgepack.backends.cpu.schedules.pool import Pool
 from edgepack.backends.cpu.schedules.reduction import Reduction
 from edgepack.backends.cpu.schedules.rule import CpuRule
+from edgepack.backends.cpu.schedules.winograd import WinogradInput
 
 
 def default_rules() -> list[CpuRule]:
     """The rules in the order they are tried."""
-    return [Conv2D(), Matmul(), Pool(), Reduction(), Injective()]
+    return [Conv2D(), Matmul(), Pool(), Reduction(), WinogradInput(), Injective()]
 
 
-__all__ = ["Conv2D", "CpuInfo", "CpuRule", "Injective", "Matmul", "Pool", "Reduction", "default_rules"]
+__all__ = ["Conv2D", "CpuInfo", "CpuRule", "Injective", "Matmul", "Pool", "Reduction", "WinogradInput", "default_rules"]
