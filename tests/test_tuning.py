@@ -77,6 +77,19 @@ def test_records_apply_only_where_they_beat_the_default_schedule(tmp_path):
     assert "1.50x" in table and "default" in table and "1 task(s) keep their default schedule" in table
 
 
+def test_older_directories_keep_the_kernel_form_they_were_tuned_with(tmp_path):
+    """A directory made before a kernel-forming choice existed says nothing of it: its records were
+    tuned on kernels formed without it (NCHW, no weight prepacking, direct 3x3 convolutions), and a
+    build with them forms its kernels the same way."""
+    from edgepack.backends import KernelForm
+    from edgepack.tuning.records import TuningMeta
+
+    assert load_tuning(_fake_dir(tmp_path / "old", [(0, 0.002)])).meta.form == KernelForm()
+    data = json.loads((tmp_path / "old" / "tuning.json").read_text())
+    newer = TuningMeta.from_dict(data | {"weight_prepack": True, "channels_last": True, "winograd": True})
+    assert newer.form == KernelForm(weight_prepack=True, channels_last=True, winograd=True)
+
+
 def test_parse_duration():
     assert parse_duration("30m") == 1800
     assert parse_duration("1h30m") == 5400
@@ -392,7 +405,8 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
 
     summary = load_tuning(out)
     # a new host directory: weights layout-free while tuning, timed out of the cache as in the model, NHWC
-    assert summary.meta.weight_prepack and summary.meta.cold_weights and summary.meta.channels_last
+    assert summary.meta.weight_prepack and summary.meta.cold_weights and summary.meta.channels_last \
+        and summary.meta.winograd
     tuned = [t for t in summary.tasks if t.trials]
     assert sorted(t.name.split("_")[1] for t in tuned) == ["conv2d36", "conv2d40"]
     assert all(t.best_seconds for t in tuned)
