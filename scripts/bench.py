@@ -281,7 +281,7 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     rows = []
     for threads in args.threads:
         say(f"{name}: timing at {threads} thread(s) ({args.repeat} runs each, one process per runtime, interleaved)")
-        samples = time_runtimes(runtimes, args.repeat, args.warmup, threads)
+        samples = time_runtimes(runtimes, args.repeat, args.warmup, threads, args.rounds)
         reference_median = statistics.median(samples[reference_name])
         group = [Row(name, "edgepack untuned", threads, statistics.median(samples["edgepack untuned"]),
                      samples["edgepack untuned"], compile_s=untuned_compile,
@@ -376,11 +376,12 @@ Latest run of `scripts/bench.py` (numbers from one run on one machine; rerun it 
 
 Machine: **{meta['cpu']}**, {meta['cores']}{', ' + meta['memory'] + ' RAM' if 'memory' in meta else ''}{', SIMD: ' + meta['simd'] if 'simd' in meta else ''}.
 Date: {meta['date']}. Threads: **{meta['threads']}**, the same for every runtime of a row (`TVM_NUM_THREADS`, ORT
-`intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in 5 interleaved blocks
+`intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in {meta['rounds']} interleaved blocks
 per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
 of the same run and thread count (below 1.00x: edgepack is faster).
 
-Untuned: edgepack's default CPU schedules (`edgepack/backends/cpu/schedules/`), target {meta['target']}
+Untuned: edgepack's default CPU schedules (`edgepack/backends/cpu/schedules/`; 3x3 convolutions of stride 1 as Winograd
+F(2x2, 3x3) kernels), target {meta['target']}
 ({meta['profile_note']}). Tuning: MetaSchedule on this machine, **{meta['trials']}** (batches of {meta['batch']}),
 schedules for {max(meta['thread_counts'])} core(s); every kernel's default schedule is measured first and a record
 is applied only where it beats it ("tasks": how many). Tuning time is the wall-clock time of `edgepack tune` (all runs of
@@ -413,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="candidates per measurement batch")
     parser.add_argument("--repeat", type=int, default=50, help="timed runs per runtime")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs before each block of timed runs")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved blocks per runtime, each in a fresh process (more of them even out a "
+                             "machine whose speed changes from process to process)")
     parser.add_argument("--work", type=Path, default=None,
                         help="builds and tuning directories [default: $EDGEPACK_CACHE_DIR/bench]")
     parser.add_argument("--markdown", type=Path, help="also write the table, machine and command to this file")
@@ -457,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     versions = ", ".join(f"{p} {md.version(p)}" for p in ("apache-tvm", "apache-tvm-ffi", "onnxruntime", "ai-edge-litert"))
     target = " ".join(f"{k}={v}" for k, v in profile.target.items())
-    meta = info | {"threads": " and ".join(map(str, args.threads)), "thread_counts": args.threads, "repeat": args.repeat, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
+    meta = info | {"threads": " and ".join(map(str, args.threads)), "thread_counts": args.threads, "repeat": args.repeat, "rounds": args.rounds, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
                    "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                    "profile_note": note, "target": f"`{target}`", "versions": versions}
     print_table(rows, meta)
