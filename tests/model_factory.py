@@ -209,8 +209,9 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     """One ONNX model with a layer of every kind edgepack's CPU schedule rules take, shapes chosen to hit
     their corner cases (channel counts that are not multiples of the SIMD width, groups of 6 channels,
     odd spatial sizes): regular 3x3 convolution with padding, depthwise stride-2, grouped 1x1, a 3x3
-    convolution with enough channels to run as Winograd kernels, pointwise with a residual add, max and average pooling, global average pooling, a dense layer with softmax,
-    layer normalisation, and a batched matmul of two activations. Outputs: ``logits`` [1, 10] (softmax),
+    convolution with enough channels to run as Winograd kernels, pointwise with a residual add, max and
+    average pooling, global average pooling, a dense layer with softmax, layer normalisation, and a
+    batched matmul of two activations. Outputs: ``logits`` [1, 10] (softmax),
     ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W]."""
     import numpy as np
     import onnx

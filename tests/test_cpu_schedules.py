@@ -169,7 +169,7 @@ def test_blocks_without_a_vector_form_stay_scalar_and_compile_for_every_cpu():
     """sinh/cosh have no vector lowering in TVM 0.27 ("unknown intrinsic"); an index computed in floating
     point (nearest resize) moved a row on NEON when vectorised (FMA contraction)."""
     import tvm
-    from tvm import te, topi, tirx
+    from tvm import te, tirx, topi
 
     def nearest(x):
         def value(y, i):

@@ -84,8 +84,6 @@ def _channels_last():
 def weight_prepack_passes() -> list:
     """After scheduling: split each kernel's weight-layout rewrite into its own function and fold it
     into the constant weights (so it never runs on the device)."""
-    from tvm import relax
-
     return [_split_layout_rewrites(), fold_constant_calls()]
 
 
