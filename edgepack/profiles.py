@@ -11,7 +11,6 @@ Search path, first match wins: ``$EDGEPACK_PROFILES_DIR`` (``:``-separated), the
 from __future__ import annotations
 
 import functools
-
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from typing import Any, Literal
 from edgepack.errors import ProfileError
 from edgepack.paths import config_root
 
-Backend = Literal["cpu", "opencl", "vulkan"]
 Status = Literal["supported", "planned"]
 
 
@@ -49,7 +47,7 @@ class Profile:
     name: str
     description: str
     status: Status
-    backend: Backend
+    backend: str  # the name of a registered backend (edgepack.backends; a profile file picks one)
     triple: str
     rpc_key: str
     target: dict[str, Any]
