@@ -16,8 +16,8 @@ from gpu_common import apt_install, tiny_module
 
 from edgepack.backends import get_backend
 from edgepack.backends.int64 import Int64Refused, narrow_int64, target_lacks_int64
-from edgepack.backends.int64.exprs import is_i64, iter_bindings, op_name
 from edgepack.backends.int64.facts import Fact, exact, join
+from edgepack.backends.relax_exprs import is_i64, iter_bindings, op_name
 from edgepack.backends.vulkan import driver_status
 from edgepack.compiling import compile_model
 from edgepack.errors import CompileError, EdgepackError

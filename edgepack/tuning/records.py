@@ -100,8 +100,7 @@ class TuningMeta:
     @property
     def form(self) -> KernelForm:
         """The form of the kernels this directory's records were tuned on."""
-        return KernelForm(weight_prepack=self.weight_prepack, channels_last=self.channels_last,
-                          winograd=self.winograd)
+        return KernelForm(**{name: getattr(self, name) for name in KernelForm.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -31,7 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,10 +258,8 @@ def _meta_for(imported: ImportedModel, profile: Profile, backend: Backend, tunin
         tvm_ffi_version=ffi_version,
         edgepack_version=__version__,
         created=utc_timestamp(),
-        weight_prepack=layout.form.weight_prepack,
         cold_weights=layout.cold_weights and timed_here,
-        channels_last=layout.form.channels_last,
-        winograd=layout.form.winograd,
+        **asdict(layout.form),  # TuningMeta keeps the form's fields by their names (tuning.json)
     )
 
 
@@ -340,8 +338,7 @@ def tune_model(
     say("Extracting the tuning tasks")
     if existing is not None:
         # resume the directory as it was made
-        meta = replace(meta, weight_prepack=existing.weight_prepack, cold_weights=existing.cold_weights,
-                       channels_last=existing.channels_last, winograd=existing.winograd)
+        meta = replace(meta, cold_weights=existing.cold_weights, **asdict(existing.form))
     tasks, extracted = extract_tasks(imported, backend, tuning_target, meta.form)
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")

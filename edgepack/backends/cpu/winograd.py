@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from edgepack.backends.cpu.schedules.winograd import INPUT_BLOCK
+from edgepack.backends.relax_exprs import attr, const_value, dtype_of, op_name, static_shape
 
 logger = logging.getLogger("edgepack.schedules")
 
@@ -104,28 +105,16 @@ def output_transform(products, n: int, out_h: int, out_w: int):
 
 def _constant_of(expr, bindings: dict) -> np.ndarray | None:
     """The value of ``expr`` when it is a constant, directly, through a variable or a transpose."""
-    import tvm
     from tvm import relax
 
     seen = 0
     while isinstance(expr, relax.Var) and expr in bindings and seen < 8:
         expr, seen = bindings[expr], seen + 1
-    if isinstance(expr, tvm.ir.expr.Constant) and hasattr(expr.value, "numpy"):
-        return expr.value.numpy()
-    if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.permute_dims":
+    if op_name(expr) == "relax.permute_dims":
         inner = _constant_of(expr.args[0], bindings)
-        axes = expr.attrs.axes
-        if inner is None:
-            return None
-        return np.transpose(inner, [int(a) for a in axes] if axes is not None else None)
-    return None
-
-
-def _shape(expr) -> list[int] | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if shape is None or not all(hasattr(d, "value") for d in shape):
-        return None
-    return [int(d.value) for d in shape]
+        axes = attr(expr, "axes")
+        return None if inner is None else np.transpose(inner, [int(a) for a in axes] if axes is not None else None)
+    return const_value(expr)
 
 
 def suits(call, weight: np.ndarray | None) -> bool:
@@ -137,10 +126,10 @@ def suits(call, weight: np.ndarray | None) -> bool:
         return False
     if any(int(s) != 1 for s in attrs.strides) or any(int(d) != 1 for d in attrs.dilation):
         return False
-    data, out = _shape(call.args[0]), _shape(call)
+    data, out = static_shape(call.args[0]), static_shape(call)
     if data is None or out is None or weight.ndim != 4 or tuple(weight.shape[1:3]) != (3, 3):
         return False
-    dtypes = {str(call.args[0].ty.dtype), str(call.ty.dtype), str(weight.dtype)}
+    dtypes = {dtype_of(call.args[0]), dtype_of(call), str(weight.dtype)}
     if dtypes != {"float32"}:
         return False
     channels_out, channels_in = int(weight.shape[0]), int(weight.shape[3])
@@ -180,8 +169,8 @@ def winograd_convolutions():
             if not suits(call, weight):
                 return call
             top, left = (int(p) for p in call.attrs.padding[:2])
-            batch, height, width, _channels = _shape(call.args[0])
-            _batch, out_h, out_w, _out_channels = _shape(call)
+            batch, height, width, _channels = static_shape(call.args[0])
+            _batch, out_h, out_w, _out_channels = static_shape(call)
             tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
             # every 4x4 window inside: rows and columns past the input's (and its padding's) are zeros
             bottom, right = tiles_h * 2 + 2 - height - top, tiles_w * 2 + 2 - width - left

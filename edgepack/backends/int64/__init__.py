@@ -60,11 +60,11 @@ from :mod:`edgepack.errors`, nothing of edgepack is imported (``backends/vulkan.
 
 from __future__ import annotations
 
-from edgepack.backends.int64.exprs import NAMES_ATTR, names_of
 from edgepack.backends.int64.facts import SAT_BOUND, Fact
 from edgepack.backends.int64.fold import Simplify
 from edgepack.backends.int64.prove import Prover
 from edgepack.backends.int64.rewrite import Rewriter
+from edgepack.backends.relax_exprs import NAMES_ATTR, names_of
 from edgepack.errors import CompileError
 
 __all__ = ["NAMES_ATTR", "SAT_BOUND", "Fact", "Int64Refused", "int64_kernels", "narrow_int64", "target_lacks_int64"]

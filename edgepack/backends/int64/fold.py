@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from edgepack.backends.int64.exprs import as_ints, attr, const, const_value, dtype_of, live_vars, op_name, static_shape
 from edgepack.backends.int64.rebuild import Rebuild
+from edgepack.backends.relax_exprs import as_ints, attr, const, const_value, dtype_of, live_vars, op_name, static_shape
 
 _FOLD_MAX_ELEMENTS = 4096
 

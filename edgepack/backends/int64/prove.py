@@ -15,18 +15,6 @@ import math
 
 import numpy as np
 
-from edgepack.backends.int64.exprs import (
-    as_int,
-    as_ints,
-    attr,
-    const_value,
-    dtype_of,
-    is_i64,
-    iter_bindings,
-    live_vars,
-    op_name,
-    static_shape,
-)
 from edgepack.backends.int64.facts import (
     DTYPE_RANGE,
     FLOATS,
@@ -38,6 +26,18 @@ from edgepack.backends.int64.facts import (
     join,
 )
 from edgepack.backends.int64.fold import COMPARISONS
+from edgepack.backends.relax_exprs import (
+    as_int,
+    as_ints,
+    attr,
+    const_value,
+    dtype_of,
+    is_i64,
+    iter_bindings,
+    live_vars,
+    op_name,
+    static_shape,
+)
 
 #: operators whose int64 result is a selection of the int64 values of their first argument
 _SELECT = {"relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.permute_dims", "relax.broadcast_to",

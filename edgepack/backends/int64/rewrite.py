@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgepack.backends.int64.exprs import (
+from edgepack.backends.int64.facts import FLOATS, INT32_MAX, INT32_MIN, SAT_BOUND
+from edgepack.backends.int64.rebuild import Rebuild
+from edgepack.backends.relax_exprs import (
     as_int,
     attr,
     const,
@@ -24,8 +26,6 @@ from edgepack.backends.int64.exprs import (
     op_name,
     static_shape,
 )
-from edgepack.backends.int64.facts import FLOATS, INT32_MAX, INT32_MIN, SAT_BOUND
-from edgepack.backends.int64.rebuild import Rebuild
 
 
 class Rewriter(Rebuild):

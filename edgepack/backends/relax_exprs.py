@@ -1,5 +1,6 @@
-"""Small helpers on Relax expressions for the int64 pass: dtypes and static shapes, constants as numpy,
-operator names and attributes, and walking a function's bindings (If arms included) and what is live."""
+"""Small helpers on Relax expressions for the backends' Relax passes (Vulkan's int64 narrowing, the CPU's
+Winograd rewrite): dtypes and static shapes, constants as numpy, operator names and attributes, and
+walking a function's bindings (If arms included) and what is live."""
 
 from __future__ import annotations
 
