@@ -4,6 +4,7 @@ here and under qemu for the ARM profiles (their code is another compile: 4 NEON 
 vector registers)."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from edgepack.backends.cpu.schedules.tiling import choose_tile
 from edgepack.compiling import compile_model
 from edgepack.validation import validate
 
-RULES = {"cpu.Conv2D", "cpu.Matmul", "cpu.Pool", "cpu.Reduction", "cpu.WinogradInput", "cpu.Injective"}
+RULES = {"cpu.Conv2D", "cpu.Matmul", "cpu.Pool", "cpu.Reduction", "cpu.WinogradInput", "cpu.WinogradOutput",
+         "cpu.Injective"}
 
 
 @pytest.fixture(scope="module")
@@ -229,36 +231,48 @@ def _winograd_kernels(build) -> dict[str, str]:
     return {f["name"]: f["schedule"] for f in _cpu_report(build)["functions"] if "winograd" in f["name"]}
 
 
-def test_winograd_transforms_invert_to_the_direct_convolution():
-    """F(2x2, 3x3) in NumPy with the module's own matrices and index tables: the input transform's
-    gather form (rows I1 + S * I2) and the output transform's (rows r, r+1, r+2) equal B^T and A^T."""
-    from edgepack.backends.cpu.winograd import I1, I2, S, transformed_weights
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_transforms_invert_to_the_direct_convolution(tile):
+    """F(2x2, 3x3) and F(4x4, 3x3) in NumPy with the module's own matrices and weight transform: the
+    products of transformed windows and weights, transformed back, are the direct convolution."""
+    from edgepack.backends.cpu.winograd import ALGORITHMS, transformed_weights
 
+    algorithm = ALGORITHMS[tile]
+    alpha, bt, at = algorithm.alpha, algorithm.bt, algorithm.at
     rng = np.random.default_rng(0)
-    d = rng.normal(size=(4, 4, 5))  # one input window, 5 channels
+    d = rng.normal(size=(alpha, alpha, 5))  # one input window, 5 channels
     g = rng.normal(size=(3, 3, 3, 5))  # OHWI: 3 output channels
-    bt = np.zeros((4, 4))
-    for a in range(4):
-        bt[a, I1[a]] += 1.0
-        bt[a, I2[a]] += S[a]
-    at = np.zeros((2, 4))
-    for r in range(2):  # row r: M[r] + (1 - 2r) * (M[r + 1] + M[r + 2])
-        at[r, r], at[r, r + 1], at[r, r + 2] = 1.0, 1.0 - 2 * r, 1.0 - 2 * r
-    v = np.einsum("ai,ijc,bj->abc", bt, d, bt).reshape(16, 5)
-    u = transformed_weights(g.astype(np.float32)).astype(np.float64)  # [16, c, k]
-    m = np.einsum("ec,eck->ek", v, u).reshape(4, 4, 3)
+    v = np.einsum("ai,ijc,bj->abc", bt, d, bt).reshape(alpha * alpha, 5)
+    u = transformed_weights(g, algorithm)  # [alpha * alpha, c, k]
+    m = np.einsum("ec,eck->ek", v, u).reshape(alpha, alpha, 3)
     y = np.einsum("ra,abk,sb->rsk", at, m, at)
     direct = np.array([[[np.sum(d[r:r + 3, s:s + 3, :] * g[k].reshape(3, 3, 5)) for k in range(3)]
-                        for s in range(2)] for r in range(2)])
-    np.testing.assert_allclose(y, direct, rtol=1e-5, atol=1e-5)
+                        for s in range(tile)] for r in range(tile)])
+    np.testing.assert_allclose(y, direct, rtol=1e-9, atol=1e-9)
 
 
-def test_winograd_convolutions_match_onnxruntime(winograd_model, tmp_path):
-    """Tiles that overhang the output (odd sizes), no padding, batch 2: the three kernels per
-    convolution are in the build and its outputs are ONNX Runtime's, at 1 and 2 threads."""
+def test_winograd_picks_the_algorithm_that_multiplies_least():
+    from edgepack.backends.cpu.winograd import choose
+
+    assert choose(56, 56, 4).m == 4 and choose(7, 7, 4).m == 4 and choose(13, 13, 4).m == 4
+    assert choose(5, 6, 4).m == 2  # 9 tiles of 16 against 4 of 36: a tie goes to the smaller tile
+    assert choose(56, 56, 2).m == 2  # a tuning directory made before F(4x4, 3x3)
+
+
+def _assert_winograd_kernels(build, caplog) -> None:
+    kernels = sorted(_winograd_kernels(build).values())
+    assert kernels.count("cpu.WinogradInput") == 2 and kernels.count("cpu.WinogradOutput") == 2, kernels
+    assert "1 convolution(s) as Winograd F(4x4, 3x3)" in caplog.text
+    assert "1 convolution(s) as Winograd F(2x2, 3x3)" in caplog.text
+
+
+def test_winograd_convolutions_match_onnxruntime(winograd_model, tmp_path, caplog):
+    """Tiles that overhang the output, with and without padding, batch 2: F(4x4, 3x3) for one
+    convolution, F(2x2, 3x3) for the other, each as its transforms' rules and a matrix product, and
+    the outputs are ONNX Runtime's at 1 and 2 threads."""
+    caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(winograd_model, "host", tmp_path / "host").output_dir
-    kernels = _winograd_kernels(build)
-    assert sorted(kernels.values()).count("cpu.WinogradInput") == 2, kernels
+    _assert_winograd_kernels(build, caplog)
     for threads in (1, 2):
         report = validate(build, "host", threads=threads)
         assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
@@ -266,8 +280,9 @@ def test_winograd_convolutions_match_onnxruntime(winograd_model, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
-def test_winograd_convolutions_compute_the_same_under_qemu(winograd_model, tmp_path, profile):
+def test_winograd_convolutions_compute_the_same_under_qemu(winograd_model, tmp_path, profile, caplog):
+    caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(winograd_model, profile, tmp_path / profile).output_dir
-    assert sorted(_winograd_kernels(build).values()).count("cpu.WinogradInput") == 2
+    _assert_winograd_kernels(build, caplog)
     result = validate(build, "emulator")
     assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]

@@ -86,8 +86,10 @@ def test_older_directories_keep_the_kernel_form_they_were_tuned_with(tmp_path):
 
     assert load_tuning(_fake_dir(tmp_path / "old", [(0, 0.002)])).meta.form == KernelForm()
     data = json.loads((tmp_path / "old" / "tuning.json").read_text())
-    newer = TuningMeta.from_dict(data | {"weight_prepack": True, "channels_last": True, "winograd": True})
-    assert newer.form == KernelForm(weight_prepack=True, channels_last=True, winograd=True)
+    first = TuningMeta.from_dict(data | {"weight_prepack": True, "channels_last": True, "winograd": True})
+    assert first.form == KernelForm(weight_prepack=True, channels_last=True, winograd=2)  # F(2x2, 3x3) only
+    newer = TuningMeta.from_dict(data | {"weight_prepack": True, "channels_last": True, "winograd": 4})
+    assert newer.form == KernelForm(weight_prepack=True, channels_last=True, winograd=4)
 
 
 def test_parse_duration():
@@ -406,7 +408,7 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     summary = load_tuning(out)
     # a new host directory: weights layout-free while tuning, timed out of the cache as in the model, NHWC
     assert summary.meta.weight_prepack and summary.meta.cold_weights and summary.meta.channels_last \
-        and summary.meta.winograd
+        and summary.meta.winograd == 4
     tuned = [t for t in summary.tasks if t.trials]
     assert sorted(t.name.split("_")[1] for t in tuned) == ["conv2d36", "conv2d40"]
     assert all(t.best_seconds for t in tuned)

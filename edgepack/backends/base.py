@@ -83,7 +83,9 @@ class KernelForm:
 
     weight_prepack: bool = False  # kernels may pick their weight layout; weights are rewritten at compile time
     channels_last: bool = False  # convolutions work on NHWC activations
-    winograd: bool = False  # 3x3 convolutions of stride 1 as Winograd transforms and matrix products
+    # 3x3 convolutions of stride 1 as Winograd transforms and matrix products, output tiles of at most this
+    # many pixels a side (2: F(2x2, 3x3); 4: F(4x4, 3x3) where it multiplies less); 0: direct convolutions
+    winograd: int = 0
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,9 @@ class TuningMeta:
     cold_weights: bool = False
     # CPU convolutions were tuned channels-last (NHWC) (backends/cpu/pipeline.py); older directories NCHW
     channels_last: bool = False
-    # CPU 3x3 convolutions were tuned as Winograd kernels; older directories tuned them as convolutions
-    winograd: bool = False
+    # CPU 3x3 convolutions were tuned as Winograd kernels with tiles of up to this size (KernelForm.winograd);
+    # directories of the first Winograd kernels wrote true (F(2x2, 3x3) only), older ones nothing (direct)
+    winograd: int = 0
 
     @property
     def form(self) -> KernelForm:
@@ -111,6 +112,8 @@ class TuningMeta:
     def from_dict(cls, data: dict[str, Any]) -> TuningMeta:
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         fields["inputs"] = tuple(fields.get("inputs", ()))
+        if isinstance(fields.get("winograd"), bool):
+            fields["winograd"] = 2 if fields["winograd"] else 0
         return cls(**fields)
 
 

@@ -33,7 +33,7 @@ def _cpu_passes():
 
 
 #: How untuned builds, and new tuning directories, form their kernels.
-UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=True)
+UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -48,7 +48,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     of 7-112 pixels (strided loads for stride 2), in NHWC along 16-1280 contiguous channels
     (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
     0.40 ms in NCHW). ``form.winograd`` (channels-last only): 3x3 convolutions of stride 1 with enough
-    channels become Winograd F(2x2, 3x3) kernels (``winograd.py``): 2.25x fewer multiplies.
+    channels become Winograd kernels (``winograd.py``) with output tiles of up to that size: F(2x2, 3x3)
+    2.25x fewer multiplies, F(4x4, 3x3) 4x.
     """
     from tvm import relax
 
@@ -56,7 +57,7 @@ def prepare_passes(target, form: KernelForm) -> list:
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
     layout = [_channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
-        layout.append(winograd_convolutions())
+        layout.append(winograd_convolutions(form.winograd))
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
     legalize = [fold_constant_calls() if p.info.name == "FoldConstant" else p for p in cpu.legalize_passes(target)]
     return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]

@@ -16,12 +16,13 @@ from edgepack.backends.cpu.schedules.matmul import Matmul
 from edgepack.backends.cpu.schedules.pool import Pool
 from edgepack.backends.cpu.schedules.reduction import Reduction
 from edgepack.backends.cpu.schedules.rule import CpuRule
-from edgepack.backends.cpu.schedules.winograd import WinogradInput
+from edgepack.backends.cpu.schedules.winograd import WinogradInput, WinogradOutput
 
 
 def default_rules() -> list[CpuRule]:
     """The rules in the order they are tried."""
-    return [Conv2D(), Matmul(), Pool(), Reduction(), WinogradInput(), Injective()]
+    return [Conv2D(), Matmul(), Pool(), Reduction(), WinogradInput(), WinogradOutput(), Injective()]
 
 
-__all__ = ["Conv2D", "CpuInfo", "CpuRule", "Injective", "Matmul", "Pool", "Reduction", "WinogradInput", "default_rules"]
+__all__ = ["Conv2D", "CpuInfo", "CpuRule", "Injective", "Matmul", "Pool", "Reduction", "WinogradInput", "WinogradOutput",
+           "default_rules"]
