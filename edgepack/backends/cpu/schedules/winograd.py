@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from edgepack.backends.cpu.schedules.anatomy import child_blocks, is_spatial, static_extent, stores_one_value, trivially_bound
+from edgepack.backends.cpu.schedules.anatomy import (
+    child_blocks,
+    is_spatial,
+    static_extent,
+    stores_one_value,
+    trivially_bound,
+)
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
 from edgepack.backends.cpu.schedules.tiling import PARALLEL_MIN_ELEMENTS, vector_lanes
