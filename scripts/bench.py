@@ -381,7 +381,7 @@ per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. 
 of the same run and thread count (below 1.00x: edgepack is faster).
 
 Untuned: edgepack's default CPU schedules (`edgepack/backends/cpu/schedules/`; 3x3 convolutions of stride 1 as Winograd
-F(2x2, 3x3) kernels), target {meta['target']}
+F(4x4, 3x3) or F(2x2, 3x3) kernels), target {meta['target']}
 ({meta['profile_note']}). Tuning: MetaSchedule on this machine, **{meta['trials']}** (batches of {meta['batch']}),
 schedules for {max(meta['thread_counts'])} core(s); every kernel's default schedule is measured first and a record
 is applied only where it beats it ("tasks": how many). Tuning time is the wall-clock time of `edgepack tune` (all runs of

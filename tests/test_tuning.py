@@ -77,6 +77,24 @@ def test_records_apply_only_where_they_beat_the_default_schedule(tmp_path):
     assert "1.50x" in table and "default" in table and "1 task(s) keep their default schedule" in table
 
 
+def test_a_record_that_loses_inside_the_model_is_not_applied(tmp_path):
+    """Timed alone the record beats the default; inside the model it does not: the build keeps the
+    default. A verdict taken for an older best record does not count for a newer one."""
+    from edgepack.tuning.records import record_default, record_in_model
+
+    d = _fake_dir(tmp_path / "t", [(0, 0.002), (1, 0.001)])
+    record_default(d, "111", "cpu.Conv2D", 0.003)
+    record_default(d, "222", "cpu.Matmul", 0.004)
+    record_in_model(d, {"111": (0.0025, 0.0031, 0.002), "222": (0.005, 0.004, 0.001)})
+    conv, matmul = load_tuning(d).tasks
+    assert conv.in_model == (0.0025, 0.0031) and not conv.tuned  # slower inside the model
+    assert matmul.in_model == (0.005, 0.004) and matmul.tuned
+    table = " ".join(run_cli("tuning", "show", str(d), check=True).stdout.split())
+    assert "default*" in table and "ran slower inside the model" in table
+    record_in_model(d, {"111": (0.0025, 0.0031, 0.0021)})  # checked for another record than the best
+    assert load_tuning(d).tasks[0].in_model is None and load_tuning(d).tasks[0].tuned
+
+
 def test_older_directories_keep_the_kernel_form_they_were_tuned_with(tmp_path):
     """A directory made before a kernel-forming choice existed says nothing of it: its records were
     tuned on kernels formed without it (NCHW, no weight prepacking, direct 3x3 convolutions), and a
@@ -398,6 +416,9 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     # each tuned task's default schedule was measured once, as the baseline its records must beat
     tuned = [t for t in load_tuning(out).tasks if t.name.startswith(("fused_conv2d36_", "fused_conv2d40_"))]
     assert len(tuned) == 2 and all(t.default_seconds and t.default_rule == "cpu.Conv2D" for t in tuned)
+    # the run that finished checked, inside the model, every record that beat its default alone
+    beat_alone = [t for t in tuned if t.best_seconds < t.default_seconds]
+    assert all(t.in_model is not None and t.tuned == (t.in_model[1] < t.in_model[0]) for t in beat_alone), tuned
 
     # 4. once more: nothing left to do, nothing touched
     before = (out / RECORD_FILE).read_bytes()

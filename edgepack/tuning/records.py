@@ -9,7 +9,9 @@ A tuning directory holds::
     database_tuning_record.json    every finished measurement is one line of the record file
     state.json                   time spent tuning so far (all runs), number of runs
     defaults.json                per task, the untuned build's schedule (its rule) and its measured time:
-                                 a record is applied only where it is faster
+                                 a record is applied only where it is faster; after a run on this
+                                 machine also both kernels' times inside the model ("in_model",
+                                 ``tuning/in_model.py``): a record slower there is not applied
     logs/tune.log                MetaSchedule's own log
 """
 
@@ -129,10 +131,15 @@ class TaskSummary:
     share: float | None  # weight * best / sum over tasks of weight * best (None: no valid record)
     default_seconds: float | None = None  # the untuned build's schedule, measured the same way
     default_rule: str | None = None  # the rule that made it ("cpu.Conv2D")
+    # (default, tuned) seconds per inference inside the model, where checked for the current best record
+    in_model: tuple[float, float] | None = None
 
     @property
     def tuned(self) -> bool:
-        """A record beats the default schedule: the build applies it (else it keeps the default)."""
+        """A record beats the default schedule, timed alone and (where checked) inside the model: the
+        build applies it (else it keeps the default)."""
+        if self.in_model is not None and self.in_model[1] >= self.in_model[0]:
+            return False
         return self.best_seconds is not None and (self.default_seconds is None
                                                   or self.best_seconds < self.default_seconds)
 
@@ -389,7 +396,8 @@ def load_tuning(directory: Path | str) -> TuningSummary:
         TaskSummary(t.name, t.workload, t.weight, t.flop, counts.get(t.workload, 0), failed.get(t.workload, 0),
                     best.get(t.workload),
                     (best[t.workload] * t.weight / total) if t.workload in best and total > 0 else None,
-                    defaults.get(t.workload, {}).get("seconds"), defaults.get(t.workload, {}).get("rule"))
+                    defaults.get(t.workload, {}).get("seconds"), defaults.get(t.workload, {}).get("rule"),
+                    _in_model(defaults.get(t.workload, {}), best.get(t.workload)))
         for t in tasks
     )
     return TuningSummary(directory, meta, summaries, float(state.get("seconds", 0.0)), int(state.get("runs", 0)),
@@ -407,6 +415,28 @@ def record_default(directory: Path, workload: str, rule: str, seconds: float) ->
     defaults = read_defaults(directory)
     defaults[workload] = {"rule": rule, "seconds": seconds}
     write_json_atomic(directory / DEFAULTS_FILE, defaults)
+
+
+def record_in_model(directory: Path, times: dict[str, tuple[float, float, float]]) -> None:
+    """Write down, per workload, the default and tuned kernels' seconds per inference inside the model and
+    the best record's (tuner-measured) seconds they were checked for: ``{workload: (default, tuned, best)}``."""
+    defaults = read_defaults(directory)
+    for workload, (default, tuned, best) in times.items():
+        if workload in defaults:
+            defaults[workload]["in_model"] = {"default": default, "tuned": tuned, "record_seconds": best}
+    write_json_atomic(directory / DEFAULTS_FILE, defaults)
+
+
+def _in_model(default: dict[str, Any], best: float | None) -> tuple[float, float] | None:
+    """A task's in-model times, if they were taken for its current best record (a later run may have
+    found a faster one: unchecked until the check after that run)."""
+    checked = default.get("in_model")
+    if not isinstance(checked, dict) or best is None or checked.get("record_seconds") != best:
+        return None
+    try:
+        return float(checked["default"]), float(checked["tuned"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def repair_database(directory: Path | str) -> list[str]:

@@ -42,6 +42,7 @@ from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.progress import Progress
 from edgepack.run.places import Place, ThisMachine, parse_place
 from edgepack.text import utc_timestamp
+from edgepack.tuning.in_model import check_in_model
 from edgepack.tuning.measure import check_place, measurer_for
 from edgepack.tuning.records import (
     FAILED_SECONDS,
@@ -420,6 +421,13 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
     report = on_progress or (lambda _p: None)
 
     def finish(stopped: str, run_trials: int, skipped: int, lost: int = 0) -> TuningResult:
+        if cold_weights and run_trials > 0 and stopped != "interrupted":  # CPU kernels timed on this machine
+            try:
+                check_in_model(imported, profile, directory, say)
+            except Exception as exc:  # noqa: BLE001 - the records stay; the check runs again after the next run
+                logger.warning("in-model check failed: %s", exc)
+                say(f"Could not check the tuned kernels inside the model ({first_line(str(exc))}); "
+                    "their records apply as timed alone")
         elapsed = time.monotonic() - started
         write_json_atomic(directory / STATE_FILE, {"seconds": round(seconds_before + elapsed, 1),
                                                     "runs": runs_now, "updated": utc_timestamp()})
