@@ -384,7 +384,7 @@ Untuned: edgepack's default CPU schedules (`edgepack/backends/cpu/schedules/`; 3
 F(4x4, 3x3) or F(2x2, 3x3) kernels), target {meta['target']}
 ({meta['profile_note']}). Tuning: MetaSchedule on this machine, **{meta['trials']}** (batches of {meta['batch']}),
 schedules for {max(meta['thread_counts'])} core(s); every kernel's default schedule is measured first and a record
-is applied only where it beats it ("tasks": how many). Tuning time is the wall-clock time of `edgepack tune` (all runs of
+is applied only where it beats it, alone and inside the model ("tasks": how many). Tuning time is the wall-clock time of `edgepack tune` (all runs of
 the tuning directory); compile time is `compile_model`'s, import included.
 Model library: the stripped `device/model.so` of the build, or the model file for ONNX Runtime/LiteRT.
 Runtime: `libtvm_runtime.so` + `libtvm_ffi.so`; `libonnxruntime.so`; LiteRT's native libraries
