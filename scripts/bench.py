@@ -337,8 +337,8 @@ def trials_text(budgets: dict[str, int], models: list[str]) -> str:
 
 def render_markdown(rows: list[Row], meta: dict) -> str:
     lines = [
-        "| model | runtime | threads | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library "
-        "| runtime |",
+        ("| model | runtime | threads | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library "
+         "| runtime |"),
         "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
