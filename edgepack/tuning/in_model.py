@@ -22,6 +22,7 @@ from edgepack.backends import backend_for
 from edgepack.frontends import ImportedModel
 from edgepack.profiles import Profile
 from edgepack.progress import Progress
+from edgepack.run.threads import use_threads_here
 from edgepack.tensors import random_inputs
 from edgepack.tuning.records import apply_tuning, load_tuning, record_in_model
 
@@ -29,9 +30,11 @@ RUNS = 15  # model runs per build, interleaved; the median per kernel
 WARMUP = 3
 
 
-def check_in_model(imported: ImportedModel, profile: Profile, directory: Path, say: Progress) -> int:
-    """Time the untuned and the tuned builds' kernels inside the model and record, for every applied
-    record, both times. Returns how many records lost there (they are no longer applied)."""
+def check_in_model(imported: ImportedModel, profile: Profile, directory: Path, say: Progress,
+                   threads: int | None = None) -> int:
+    """Time the untuned and the tuned builds' kernels inside the model, on ``threads`` threads (the
+    tuning's; None: ``$TVM_NUM_THREADS``, else every core), and record, for every applied record, both
+    times. Returns how many records lost there (they are no longer applied)."""
     import tvm
     from tvm import relax
 
@@ -39,7 +42,9 @@ def check_in_model(imported: ImportedModel, profile: Profile, directory: Path, s
     applied = apply_tuning(imported, profile, target, directory)
     if applied.tuned_tasks == 0:
         return 0
-    say(f"Checking {applied.tuned_tasks} tuned kernel(s) inside the model against their defaults")
+    count = use_threads_here(threads)
+    say(f"Checking {applied.tuned_tasks} tuned kernel(s) inside the model against their defaults "
+        f"({count} thread(s))")
     backend = backend_for(profile)
     builds = [backend.build(imported, target).executable,
               backend.build(imported, target, records=applied.records).executable]
