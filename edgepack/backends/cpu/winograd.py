@@ -60,6 +60,10 @@ class Algorithm:
     def positions(self) -> int:
         return self.alpha * self.alpha
 
+    def tiles(self, extent: int) -> int:
+        """Output tiles along a row or column of ``extent`` pixels (the last one may overhang)."""
+        return -(-extent // self.m)
+
 
 # interpolation points 0, 1, -1 and infinity: coefficients 0, +-1 and +-1/2, float32's accuracy kept
 F2 = Algorithm(
@@ -143,7 +147,7 @@ def output_transform(products, n: int, out_h: int, out_w: int, tile: int = 2):
 
     algorithm = ALGORITHMS[tile]
     m, alpha = algorithm.m, algorithm.alpha
-    tiles_h, tiles_w = (out_h + m - 1) // m, (out_w + m - 1) // m
+    tiles_h, tiles_w = algorithm.tiles(out_h), algorithm.tiles(out_w)
     k = int(products.shape[2])
 
     def compute(batch, y, x, ch):
@@ -202,8 +206,7 @@ def choose(out_h: int, out_w: int, largest_tile: int) -> Algorithm:
     0.51x at 56x56, 0.54x at 28x28, 0.80x at 14x14, 0.88x at 7x7 (64 to 512 channels), 0.75x at 55x55
     and 0.84-0.92x at 13x13 with 16 to 64 input channels."""
     def multiplies(algorithm: Algorithm) -> int:
-        m = algorithm.m
-        return -(-out_h // m) * -(-out_w // m) * algorithm.positions
+        return algorithm.tiles(out_h) * algorithm.tiles(out_w) * algorithm.positions
 
     usable = [a for m, a in sorted(ALGORITHMS.items()) if m <= largest_tile]
     return min(usable, key=multiplies)
@@ -241,7 +244,7 @@ def winograd_convolutions(largest_tile: int = 4):
             _batch, out_h, out_w, _out_channels = static_shape(call)
             algorithm = choose(out_h, out_w, largest_tile)
             m = algorithm.m
-            tiles_h, tiles_w = (out_h + m - 1) // m, (out_w + m - 1) // m
+            tiles_h, tiles_w = algorithm.tiles(out_h), algorithm.tiles(out_w)
             # every window inside: rows and columns past the input's (and its padding's) are zeros
             bottom, right = tiles_h * m + 2 - height - top, tiles_w * m + 2 - width - left
             bb = self.builder_
@@ -260,9 +263,8 @@ def winograd_convolutions(largest_tile: int = 4):
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        if rewriter.rewritten:
-            for m, count in sorted(rewriter.rewritten.items()):
-                logger.info("%d convolution(s) as Winograd F(%dx%d, 3x3)", count, m, m)
+        for m, count in sorted(rewriter.rewritten.items()):
+            logger.info("%d convolution(s) as Winograd F(%dx%d, 3x3)", count, m, m)
         return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
 
     return _pass
