@@ -124,7 +124,7 @@ def tuning_table(summary, title: str | None = None, limit: int | None = None, tr
     shown = candidates if limit is None else candidates[:limit]
     rows = []
     for t in shown:
-        speedup = ("default*" if _lost_in_model(t) else "default") if t.best_seconds is not None and not t.tuned \
+        speedup = ("default*" if t.lost_in_model else "default") if t.best_seconds is not None and not t.tuned \
             else (f"{t.speedup:.2f}x" if t.speedup else "-")
         rows.append([t.name, str(t.weight), str(t.trials), str(t.failed) if t.failed else "",
                      _ms(t.default_seconds), _ms(t.best_seconds), speedup,
@@ -161,15 +161,11 @@ def tuning_table(summary, title: str | None = None, limit: int | None = None, tr
         line += f" (default schedules: {sum(defaults) * 1e3:.2f} ms)"
     if untuned:
         line += f"; {untuned} task(s) keep their default schedule"
-    lost = sum(_lost_in_model(t) for t in summary.tasks)
+    lost = sum(t.lost_in_model for t in summary.tasks)
     if lost:
         line += (f" (*: {lost} of them have a record faster alone that ran slower inside the model, "
                  "checked after the last run)")
     render.console.print(line, highlight=False)
-
-
-def _lost_in_model(task) -> bool:
-    return task.in_model is not None and task.in_model[1] >= task.in_model[0]
 
 
 def tuning_result(result, model: Path | None = None, input_shapes: list[str] | None = None,

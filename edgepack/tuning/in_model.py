@@ -64,8 +64,7 @@ def check_in_model(imported: ImportedModel, profile: Profile, directory: Path, s
     checked = {t.workload: (default[t.name], tuned[t.name], t.best_seconds) for t in summary.tasks
                if t.tuned and t.name in default and t.name in tuned and t.best_seconds is not None}
     record_in_model(directory, checked)
-    lost = [name for name, t in ((t.name, checked[t.workload]) for t in summary.tasks if t.workload in checked)
-            if t[1] >= t[0]]
+    lost = [t.name for t in load_tuning(directory).tasks if t.workload in checked and t.lost_in_model]
     if lost:
         say(f"{len(lost)} of {len(checked)} tuned kernel(s) ran slower inside the model than their default "
             f"schedule and keep it: {', '.join(lost)}")

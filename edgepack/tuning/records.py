@@ -138,10 +138,15 @@ class TaskSummary:
     def tuned(self) -> bool:
         """A record beats the default schedule, timed alone and (where checked) inside the model: the
         build applies it (else it keeps the default)."""
-        if self.in_model is not None and self.in_model[1] >= self.in_model[0]:
+        if self.lost_in_model:
             return False
         return self.best_seconds is not None and (self.default_seconds is None
                                                   or self.best_seconds < self.default_seconds)
+
+    @property
+    def lost_in_model(self) -> bool:
+        """Its best record ran slower inside the model than the default schedule (``tuning/in_model.py``)."""
+        return self.in_model is not None and self.in_model[1] >= self.in_model[0]
 
     @property
     def weighted_seconds(self) -> float | None:
