@@ -78,21 +78,30 @@ def test_records_apply_only_where_they_beat_the_default_schedule(tmp_path):
 
 
 def test_a_record_that_loses_inside_the_model_is_not_applied(tmp_path):
-    """Timed alone the record beats the default; inside the model it does not: the build keeps the
-    default. A verdict taken for an older best record does not count for a newer one."""
-    from edgepack.tuning.records import record_default, record_in_model
+    """Timed alone the record beats the default; inside the model it does not, at one of the thread
+    counts checked: the build keeps the default. A verdict taken for an older best record does not count
+    for a newer one; a directory whose check recorded no thread count still reads."""
+    from edgepack.tuning.records import DEFAULTS_FILE, InModelTime, record_default, record_in_model
 
     d = _fake_dir(tmp_path / "t", [(0, 0.002), (1, 0.001)])
     record_default(d, "111", "cpu.Conv2D", 0.003)
     record_default(d, "222", "cpu.Matmul", 0.004)
-    record_in_model(d, {"111": (0.0025, 0.0031, 0.002), "222": (0.005, 0.004, 0.001)})
+    conv_times = (InModelTime(2, 0.0025, 0.0020), InModelTime(1, 0.0040, 0.0047))  # loses at 1 thread
+    matmul_times = (InModelTime(2, 0.005, 0.004), InModelTime(1, 0.009, 0.007))
+    record_in_model(d, {"111": (0.002, conv_times), "222": (0.001, matmul_times)})
     conv, matmul = load_tuning(d).tasks
-    assert conv.in_model == (0.0025, 0.0031) and not conv.tuned  # slower inside the model
-    assert matmul.in_model == (0.005, 0.004) and matmul.tuned
+    assert conv.in_model == conv_times and conv.lost_in_model and not conv.tuned
+    assert matmul.in_model == matmul_times and matmul.tuned
     table = " ".join(run_cli("tuning", "show", str(d), check=True).stdout.split())
     assert "default*" in table and "ran slower inside the model" in table
-    record_in_model(d, {"111": (0.0025, 0.0031, 0.0021)})  # checked for another record than the best
+    record_in_model(d, {"111": (0.0021, conv_times)})  # checked for another record than the best
     assert load_tuning(d).tasks[0].in_model is None and load_tuning(d).tasks[0].tuned
+    # the release that checked one thread count wrote one pair of times and no count
+    defaults = json.loads((d / DEFAULTS_FILE).read_text())
+    defaults["111"]["in_model"] = {"default": 0.0025, "tuned": 0.0031, "record_seconds": 0.002}
+    (d / DEFAULTS_FILE).write_text(json.dumps(defaults))
+    conv = load_tuning(d).tasks[0]
+    assert conv.in_model == (InModelTime(None, 0.0025, 0.0031),) and not conv.tuned
 
 
 def test_older_directories_keep_the_kernel_form_they_were_tuned_with(tmp_path):
@@ -416,9 +425,11 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     # each tuned task's default schedule was measured once, as the baseline its records must beat
     tuned = [t for t in load_tuning(out).tasks if t.name.startswith(("fused_conv2d36_", "fused_conv2d40_"))]
     assert len(tuned) == 2 and all(t.default_seconds and t.default_rule == "cpu.Conv2D" for t in tuned)
-    # the run that finished checked, inside the model, every record that beat its default alone
+    # the run that finished checked, inside the model, every record that beat its default alone, at the
+    # tuning's thread count and at one thread
     beat_alone = [t for t in tuned if t.best_seconds < t.default_seconds]
-    assert all(t.in_model is not None and t.tuned == (t.in_model[1] < t.in_model[0]) for t in beat_alone), tuned
+    assert all(t.in_model is not None and 1 in {x.threads for x in t.in_model}
+               and t.tuned == all(x.tuned < x.default for x in t.in_model) for t in beat_alone), tuned
 
     # 4. once more: nothing left to do, nothing touched
     before = (out / RECORD_FILE).read_bytes()

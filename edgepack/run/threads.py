@@ -9,6 +9,8 @@ that, and a pool already made can only use fewer threads than it has.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,20 @@ def use_threads_here(threads: int | None) -> int:
     os.environ[ENV] = str(count)  # sizes the pools TVM makes from now on
     tvm.get_global_func("runtime.config_threadpool")(_BIG_CORES, count)
     return count
+
+
+@contextmanager
+def threads_here(threads: int | None) -> Iterator[int]:
+    """``use_threads_here`` for a block: afterwards the process runs on what it ran on before."""
+    before = os.environ.get(ENV)
+    try:
+        yield use_threads_here(threads)
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+        use_threads_here(resolve_threads(None))
 
 
 def use_threads_remote(session: Any, threads: int | None) -> int | None:

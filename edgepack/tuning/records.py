@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edgepack.backends import Backend, KernelForm, TuningRecords, backend_for, target_dict
 from edgepack.errors import EdgepackError
@@ -119,6 +119,14 @@ class TuningMeta:
         return cls(**fields)
 
 
+class InModelTime(NamedTuple):
+    """A kernel's seconds per inference inside the model with its default schedule and with its best
+    record, at one thread count (None: checked by a release that did not record it)."""
+    threads: int | None
+    default: float
+    tuned: float
+
+
 @dataclass(frozen=True)
 class TaskSummary:
     name: str
@@ -131,8 +139,9 @@ class TaskSummary:
     share: float | None  # weight * best / sum over tasks of weight * best (None: no valid record)
     default_seconds: float | None = None  # the untuned build's schedule, measured the same way
     default_rule: str | None = None  # the rule that made it ("cpu.Conv2D")
-    # (default, tuned) seconds per inference inside the model, where checked for the current best record
-    in_model: tuple[float, float] | None = None
+    # default and tuned seconds per inference inside the model, per thread count checked, where checked
+    # for the current best record
+    in_model: tuple[InModelTime, ...] | None = None
 
     @property
     def tuned(self) -> bool:
@@ -145,8 +154,9 @@ class TaskSummary:
 
     @property
     def lost_in_model(self) -> bool:
-        """Its best record ran slower inside the model than the default schedule (``tuning/in_model.py``)."""
-        return self.in_model is not None and self.in_model[1] >= self.in_model[0]
+        """Its best record ran slower inside the model than the default schedule, at any thread count
+        checked (``tuning/in_model.py``)."""
+        return self.in_model is not None and any(t.tuned >= t.default for t in self.in_model)
 
     @property
     def weighted_seconds(self) -> float | None:
@@ -422,25 +432,30 @@ def record_default(directory: Path, workload: str, rule: str, seconds: float) ->
     write_json_atomic(directory / DEFAULTS_FILE, defaults)
 
 
-def record_in_model(directory: Path, times: dict[str, tuple[float, float, float]]) -> None:
-    """Write down, per workload, the default and tuned kernels' seconds per inference inside the model and
-    the best record's (tuner-measured) seconds they were checked for: ``{workload: (default, tuned, best)}``."""
+def record_in_model(directory: Path, checked: dict[str, tuple[float, tuple[InModelTime, ...]]]) -> None:
+    """Write down, per workload, the best record's (tuner-measured) seconds and the default and tuned
+    kernels' seconds per inference inside the model at each thread count checked:
+    ``{workload: (best, (InModelTime, ...))}``."""
     defaults = read_defaults(directory)
-    for workload, (default, tuned, best) in times.items():
+    for workload, (best, times) in checked.items():
         if workload in defaults:
-            defaults[workload]["in_model"] = {"default": default, "tuned": tuned, "record_seconds": best}
+            defaults[workload]["in_model"] = {"record_seconds": best, "times": [t._asdict() for t in times]}
     write_json_atomic(directory / DEFAULTS_FILE, defaults)
 
 
-def _in_model(default: dict[str, Any], best: float | None) -> tuple[float, float] | None:
+def _in_model(default: dict[str, Any], best: float | None) -> tuple[InModelTime, ...] | None:
     """A task's in-model times, if they were taken for its current best record (a later run may have
-    found a faster one: unchecked until the check after that run)."""
+    found a faster one: unchecked until the check after that run). A directory of the release that
+    checked one thread count holds one (default, tuned) pair without it."""
     checked = default.get("in_model")
     if not isinstance(checked, dict) or best is None or checked.get("record_seconds") != best:
         return None
     try:
-        return float(checked["default"]), float(checked["tuned"])
-    except (KeyError, TypeError, ValueError):
+        if "times" not in checked:
+            return (InModelTime(None, float(checked["default"]), float(checked["tuned"])),)
+        return tuple(InModelTime(int(t["threads"]) if t.get("threads") else None, float(t["default"]),
+                                 float(t["tuned"])) for t in checked["times"]) or None
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 

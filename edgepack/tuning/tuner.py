@@ -424,7 +424,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
         if cold_weights and run_trials > 0 and stopped != "interrupted":  # CPU kernels timed on this machine
             try:
                 cores = target_dict(tuning_target).get("num-cores")
-                check_in_model(imported, profile, directory, say, int(cores) if cores else None)
+                check_in_model(imported, profile, directory, say, (int(cores) if cores else None, 1))
             except Exception as exc:  # noqa: BLE001 - the records stay; the check runs again after the next run
                 logger.warning("in-model check failed: %s", exc)
                 say(f"Could not check the tuned kernels inside the model ({first_line(str(exc))}); "
