@@ -63,6 +63,7 @@ class Row:
     tuned_tasks: str = ""
     model_bytes: int | None = None
     runtime_bytes: int | None = None
+    gflops: float | None = None  # the model's FLOP (direct convolutions) per second of median latency
     note: str = ""
 
 
@@ -223,6 +224,49 @@ def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int
     return samples
 
 
+def model_gflop(path: Path, shapes) -> float:
+    """The model's GFLOP per inference as TVM counts its kernels (a multiply-add is two), every
+    convolution counted direct: the same work whichever algorithm a runtime picks, so that GFLOP/s
+    compare across runtimes."""
+    from dataclasses import replace
+
+    from edgepack.backends import get_backend
+    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+    from edgepack.tuning import extract_tasks
+
+    backend = get_backend("cpu")
+    target = backend.tuning_target(get_profile("host"), num_cores=1, here=True)
+    tasks, _ = extract_tasks(import_model(path, input_shapes=shapes), backend, target,
+                             replace(UNTUNED_FORM, winograd=0))
+    return sum(t.flop * t.weight for t in tasks) / 1e9
+
+
+def sgemm_gflops(threads: int, n: int = 512, runs: int = 50) -> float:
+    """ONNX Runtime's single-precision matrix product (MLAS), n x n by n x n, best of ``runs``: what
+    this machine's cores reach on the densest work there is, the ceiling for a model's GFLOP/s."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "sgemm",
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "ab"],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feed = {x: rng.random((n, n), dtype=np.float32) for x in "ab"}
+    best = float("inf")
+    for _ in range(runs + 3):
+        started = time.perf_counter()
+        session.run(None, feed)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n ** 3 / best / 1e9
+
+
 def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[Row]:
     from edgepack.compiling import compile_model
     from edgepack.frontends import inspect_model
@@ -266,6 +310,7 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
 
     import numpy as np
 
+    gflop = model_gflop(test_model.path, shapes)
     specs = untuned.manifest.inputs
     inputs_path = builds / f"{name}-inputs.npz"
     np.savez(inputs_path, **make_inputs(specs))
@@ -298,6 +343,7 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
                          else litert_runtime_bytes()))
         for row in group:
             row.ratio = row.median_ms / reference_median
+            row.gflops = gflop / (row.median_ms / 1e3)
         rows.extend(group)
     return rows
 
@@ -337,16 +383,24 @@ def trials_text(budgets: dict[str, int], models: list[str]) -> str:
 
 def render_markdown(rows: list[Row], meta: dict) -> str:
     lines = [
-        ("| model | runtime | threads | median ms | vs ORT/LiteRT | compile s | tuning (trials, tasks) | model library "
-         "| runtime |"),
-        "|---|---|---:|---:|---:|---:|---|---:|---:|",
+        ("| model | runtime | threads | median ms | vs ORT/LiteRT | GFLOP/s | compile s | tuning (trials, tasks) "
+         "| model library | runtime |"),
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials}, {r.tuned_tasks})" if r.tuning_s is not None else "-"
-        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {r.ratio:.2f}x | "
+        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {r.ratio:.2f}x | {_gflops(r)} | "
                      f"{'-' if r.compile_s is None else f'{r.compile_s:.1f}'} | {tuning} | {_size(r.model_bytes)} | "
                      f"{_size(r.runtime_bytes)} |")
     return "\n".join(lines)
+
+
+def _gflops(row: Row) -> str:
+    return "-" if row.gflops is None else f"{row.gflops:.0f}"
+
+
+def ceiling_text(meta: dict) -> str:
+    return ", ".join(f"{gflops:.0f} GFLOP/s at {threads} thread(s)" for threads, gflops in meta["sgemm"].items())
 
 
 def print_table(rows: list[Row], meta: dict) -> None:
@@ -355,16 +409,19 @@ def print_table(rows: list[Row], meta: dict) -> None:
 
     table = Table(title=f"edgepack vs ONNX Runtime / LiteRT, {meta['threads']} thread(s), {meta['cpu']}",
                   title_justify="left")
-    for col in ("model", "runtime", "threads", "median ms", "vs ORT/LiteRT", "compile s", "tuning", "model lib",
-                "runtime"):
+    for col in ("model", "runtime", "threads", "median ms", "vs ORT/LiteRT", "GFLOP/s", "compile s", "tuning",
+                "model lib", "runtime"):
         table.add_column(col, justify="left" if col in ("model", "runtime", "tuning") else "right")
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials} trials, {r.tuned_tasks})" if r.tuning_s is not None else ""
         style = "green" if r.runtime.startswith("edgepack") and r.ratio < 1 else None
-        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", f"{r.ratio:.2f}x",
+        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", f"{r.ratio:.2f}x", _gflops(r),
                       "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning, _size(r.model_bytes),
                       _size(r.runtime_bytes), style=style)
-    Console(width=max(160, Console().width)).print(table)
+    console = Console(width=max(160, Console().width))
+    console.print(table)
+    console.print(f"GFLOP/s: the model's FLOP (convolutions counted direct) per second; ceiling, ONNX Runtime's "
+                  f"512x512 SGEMM: {ceiling_text(meta)}", highlight=False)
 
 
 def write_markdown(path: Path, rows: list[Row], meta: dict, command: str) -> None:
@@ -378,7 +435,10 @@ Machine: **{meta['cpu']}**, {meta['cores']}{', ' + meta['memory'] + ' RAM' if 'm
 Date: {meta['date']}. Threads: **{meta['threads']}**, the same for every runtime of a row (`TVM_NUM_THREADS`, ORT
 `intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in {meta['rounds']} interleaved blocks
 per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
-of the same run and thread count (below 1.00x: edgepack is faster).
+of the same run and thread count (below 1.00x: edgepack is faster). GFLOP/s: the model's FLOP per inference as TVM
+counts its kernels (a multiply-add is two), every convolution counted direct whatever algorithm a runtime uses, over
+the median latency; the ceiling, ONNX Runtime's single-precision 512x512 matrix product in the same run (best of 50):
+**{ceiling_text(meta)}**.
 
 Untuned: edgepack's default CPU schedules (`edgepack/backends/cpu/schedules/`; 3x3 convolutions of stride 1 as Winograd
 F(4x4, 3x3) or F(2x2, 3x3) kernels), target {meta['target']}
@@ -453,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     profile, note = host_profile(args.work)
     rows: list[Row] = []
+    sgemm = {threads: sgemm_gflops(threads) for threads in args.threads}
     for name in args.models:
         rows.extend(bench_model(name, models[name], profile, args, args.work, say))
     if args.processing:
@@ -463,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     target = " ".join(f"{k}={v}" for k, v in profile.target.items())
     meta = info | {"threads": " and ".join(map(str, args.threads)), "thread_counts": args.threads, "repeat": args.repeat, "rounds": args.rounds, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
                    "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                   "profile_note": note, "target": f"`{target}`", "versions": versions}
+                   "profile_note": note, "target": f"`{target}`", "versions": versions, "sgemm": sgemm}
     print_table(rows, meta)
     # the command that reproduces the table, without where this run wrote its outputs
     given = list(argv if argv is not None else sys.argv[1:])
