@@ -206,6 +206,41 @@ def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+def onnx_odd_channels(path: Path, *, seed: int = 0) -> Path:
+    """Convolutions whose output channels no SIMD width divides, which edgepack computes padded to whole
+    vectors and crops: 16 -> 21 channels (1x1, ReLU), 21 -> 21 (3x3, padding 1, a residual add of the
+    first one's output and a ReLU after the crop), 21 -> 1001 (1x1, a classifier's count; it ends in the
+    NCHW transpose of the model's output). Input ``x`` [1, 16, 9, 10]; outputs ``y`` [1, 1001, 9, 10] and
+    ``features`` [1, 21, 9, 10]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def weights(name: str, out: int, inp: int, k: int):
+        return [numpy_helper.from_array(rng.normal(0, np.sqrt(2.0 / (inp * k * k)), (out, inp, k, k))
+                                        .astype(np.float32), name),
+                numpy_helper.from_array(rng.normal(0, 0.1, out).astype(np.float32), name + "_b")]
+
+    inits = weights("w1", 21, 16, 1) + weights("w2", 21, 21, 3) + weights("w3", 1001, 21, 1)
+    nodes = [helper.make_node("Conv", ["x", "w1", "w1_b"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "w2_b"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["b", "r"], ["s"]),
+             helper.make_node("Relu", ["s"], ["features"]),
+             helper.make_node("Conv", ["features", "w3", "w3_b"], ["y"], kernel_shape=[1, 1])]
+    graph = helper.make_graph(
+        nodes, "odd_channels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 9, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1001, 9, 10]),
+         helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 21, 9, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     """One ONNX model with a layer of every kind edgepack's CPU schedule rules take, shapes chosen to hit
     their corner cases (channel counts that are not multiples of the SIMD width, groups of 6 channels,

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 from conftest import run_cli
-from model_factory import onnx_layer_zoo, onnx_winograd_convs
+from model_factory import onnx_layer_zoo, onnx_odd_channels, onnx_winograd_convs
 
 from edgepack.backends.cpu.schedules import CpuInfo, default_rules
 from edgepack.backends.cpu.schedules.tiling import choose_tile
@@ -284,5 +284,49 @@ def test_winograd_convolutions_compute_the_same_under_qemu(winograd_model, tmp_p
     caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(winograd_model, profile, tmp_path / profile).output_dir
     _assert_winograd_kernels(build, caplog)
+    result = validate(build, "emulator")
+    assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]
+
+
+def test_output_channels_are_padded_to_whole_vectors_only_where_that_costs_little():
+    from edgepack.backends.cpu.channels import padded_channels
+
+    assert [padded_channels(c, 16) for c in (36, 28, 42, 56, 1000, 1001, 21)] == [40, 32, 48, 64, 1008, 1008, 24]
+    assert [padded_channels(c, 16) for c in (16, 24, 40, 96, 6, 2)] == [16, 24, 40, 96, 6, 2]  # as they are
+    assert [padded_channels(c, 4) for c in (21, 1001, 1000, 6, 3)] == [24, 1004, 1000, 6, 3]  # NEON
+    assert padded_channels(37, 1) == 37  # no SIMD
+
+
+@pytest.fixture(scope="module")
+def odd_channels_model(tmp_path_factory):
+    return onnx_odd_channels(tmp_path_factory.mktemp("odd") / "odd.onnx")
+
+
+def _assert_padded(build, caplog) -> None:
+    assert "3 convolution(s) with output channels padded to whole SIMD vectors" in caplog.text
+    kernels = {f["name"]: f["schedule"] for f in _cpu_report(build)["functions"]}
+    cropped = [name for name in kernels if "strided_slice" in name]
+    assert len(cropped) == 3 and all(kernels[name] == "cpu.Conv2D" for name in cropped), kernels
+
+
+def test_padded_output_channels_match_onnxruntime(odd_channels_model, tmp_path, caplog):
+    """Each convolution computes whole vectors of channels and stores the ones it keeps, through its
+    bias, the residual add and ReLU, and the NCHW output transpose: ONNX Runtime's outputs at 1 and 2
+    threads."""
+    caplog.set_level(logging.INFO, logger="edgepack.schedules")
+    build = compile_model(odd_channels_model, "host", tmp_path / "host").output_dir
+    _assert_padded(build, caplog)
+    for threads in (1, 2):
+        report = validate(build, "host", threads=threads)
+        assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_padded_output_channels_compute_the_same_under_qemu(odd_channels_model, tmp_path, profile, caplog):
+    """4 NEON lanes: 21 channels become 24, 1001 become 1004."""
+    caplog.set_level(logging.INFO, logger="edgepack.schedules")
+    build = compile_model(odd_channels_model, profile, tmp_path / profile).output_dir
+    _assert_padded(build, caplog)
     result = validate(build, "emulator")
     assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]

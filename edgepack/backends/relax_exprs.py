@@ -66,6 +66,24 @@ def const(array, dtype: str | None = None):
     return relax.const(array.astype(dtype), dtype)
 
 
+def bound_constant(expr, bindings: dict) -> np.ndarray | None:
+    """The value of ``expr`` when it is a constant: directly, through variables (``bindings``: variable ->
+    the value bound to it), a transpose (a weight ``ConvertLayout`` reordered) or a cast."""
+    from tvm import relax
+
+    seen = 0
+    while isinstance(expr, relax.Var) and expr in bindings and seen < 8:
+        expr, seen = bindings[expr], seen + 1
+    if op_name(expr) == "relax.permute_dims":
+        inner = bound_constant(expr.args[0], bindings)
+        axes = attr(expr, "axes")
+        return None if inner is None else np.transpose(inner, [int(a) for a in axes] if axes is not None else None)
+    if op_name(expr) == "relax.astype":  # e.g. a TFLite model's float16 weights, widened
+        inner = bound_constant(expr.args[0], bindings)
+        return None if inner is None else inner.astype(str(attr(expr, "dtype")))
+    return const_value(expr)
+
+
 def op_name(call) -> str:
     op = getattr(call, "op", None)
     return str(getattr(op, "name", "")) if op is not None else ""

@@ -2,7 +2,8 @@
 builds, MetaSchedule's records applied first.
 
     dispatch, legalize, fuse         convolutions channels-last (NHWC), 3x3 ones as Winograd kernels
-                                     (``winograd.py``), weights marked layout-free
+                                     (``winograd.py``), output channels padded to whole vectors
+                                     (``channels.py``), weights marked layout-free
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
     weight layouts folded            each kernel's weight rewrite runs once, here, on the constants
@@ -16,7 +17,9 @@ import logging
 from typing import Any
 
 from edgepack.backends.base import KernelForm, TuningRecords
+from edgepack.backends.cpu.channels import pad_output_channels
 from edgepack.backends.cpu.schedules import default_rules
+from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.weights import fold_constant_calls
 from edgepack.backends.cpu.winograd import winograd_convolutions
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
@@ -33,7 +36,7 @@ def _cpu_passes():
 
 
 #: How untuned builds, and new tuning directories, form their kernels.
-UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4)
+UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, padded_channels=True)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -49,7 +52,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
     0.40 ms in NCHW). ``form.winograd`` (channels-last only): 3x3 convolutions of stride 1 with enough
     channels become Winograd kernels (``winograd.py``) with output tiles of up to that size: F(2x2, 3x3)
-    2.25x fewer multiplies, F(4x4, 3x3) 4x.
+    2.25x fewer multiplies, F(4x4, 3x3) 4x. ``form.padded_channels`` (channels-last only): convolutions
+    whose output channels the SIMD width does not divide compute a few more and crop them (``channels.py``).
     """
     from tvm import relax
 
@@ -58,6 +62,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     layout = [_channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd))
+    if form.channels_last and form.padded_channels:
+        layout.append(pad_output_channels(CpuInfo.of(target).lanes(32)))
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
     legalize = [fold_constant_calls() if p.info.name == "FoldConstant" else p for p in cpu.legalize_passes(target)]
     return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from edgepack.backends.cpu.schedules.winograd import INPUT_BLOCK, OUTPUT_BLOCK
-from edgepack.backends.relax_exprs import attr, const_value, dtype_of, op_name, static_shape
+from edgepack.backends.relax_exprs import bound_constant, dtype_of, static_shape
 
 logger = logging.getLogger("edgepack.schedules")
 
@@ -160,20 +160,6 @@ def output_transform(products, n: int, out_h: int, out_w: int, tile: int = 2):
     return te.compute((n, out_h, out_w, k), lambda *index: whole(*index), name=OUTPUT_BLOCK + "_crop")
 
 
-def _constant_of(expr, bindings: dict) -> np.ndarray | None:
-    """The value of ``expr`` when it is a constant, directly, through a variable or a transpose."""
-    from tvm import relax
-
-    seen = 0
-    while isinstance(expr, relax.Var) and expr in bindings and seen < 8:
-        expr, seen = bindings[expr], seen + 1
-    if op_name(expr) == "relax.permute_dims":
-        inner = _constant_of(expr.args[0], bindings)
-        axes = attr(expr, "axes")
-        return None if inner is None else np.transpose(inner, [int(a) for a in axes] if axes is not None else None)
-    return const_value(expr)
-
-
 def suits(call, weight: np.ndarray | None) -> bool:
     """A stride-1, undilated, ungrouped 3x3 float32 convolution, channels-last, with constant weights and
     enough channels and outputs."""
@@ -236,7 +222,7 @@ def winograd_convolutions(largest_tile: int = 4):
             call = super().visit_call_(call)
             if not call.op.same_as(conv2d):
                 return call
-            weight = _constant_of(call.args[1], self.bindings)
+            weight = bound_constant(call.args[1], self.bindings)
             if not suits(call, weight):
                 return call
             top, left = (int(p) for p in call.attrs.padding[:2])

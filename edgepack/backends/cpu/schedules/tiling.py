@@ -133,11 +133,15 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
 
     # accumulate in registers; the epilogue (every elementwise block after) runs once per tile
     write_back = sch.cache_write(block, 0, "local")
-    while len(consumers := sch.get_consumers(write_back)) == 1:
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except Exception:  # noqa: BLE001 - not elementwise on the same indices: it stays a block of its own
-            break
+    _inline_epilogue(sch, write_back)
+    consumers = sch.get_consumers(write_back)
+    cropped = len(consumers) == 1 and _crops(_output_shape(sch, write_back), _output_shape(sch, consumers[0]))
+    if cropped:
+        # a crop (output channels padded to whole vectors, ``cpu/channels.py``): it stores what it keeps
+        # of the tile straight from the accumulators, the epilogue after it fused in
+        write_back = consumers[0]
+        sch.compute_inline(sch.get_producers(write_back)[0])
+        _inline_epilogue(sch, write_back)
     sch.reverse_compute_at(write_back, fused)
     place_padding(sch, anatomy, fused, cpu)
 
@@ -148,7 +152,12 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
     if register is not None:
         sch.unroll(body[-3])
     tile_loops = sch.get_loops(write_back)[1:]
-    if tile_loops:
+    if tile_loops and cropped:  # rows of the kept channels: vectors that divide them, row by row
+        row = static_extent(sch, tile_loops[-1]) or 1
+        lanes = vector_lanes(row, cpu.lanes(anatomy.dtype_bits))
+        if lanes > 1 and not scalar_only(sch, write_back):
+            sch.vectorize(sch.split(tile_loops[-1], [None, lanes])[1])
+    elif tile_loops:
         flat = sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0]
         if tile.lanes > 1 and not scalar_only(sch, write_back):  # the epilogue: e.g. a fused cosh
             sch.vectorize(sch.split(flat, [None, tile.lanes])[1])
@@ -159,6 +168,27 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
         if loops and not sch.get(loops[0]).same_as(nest) and is_spatial(sch, leftover):
             parallel_vectorize(sch, leftover, cpu)
     rewrite_weight_layouts(sch)
+
+
+def _inline_epilogue(sch, block) -> None:
+    """Fold the chain of elementwise blocks after ``block`` into it. Only blocks of its own output
+    shape: TVM folds a crop into its producer without bounds (writing past the cropped buffer)."""
+    while len(consumers := sch.get_consumers(block)) == 1:
+        if _output_shape(sch, consumers[0]) != _output_shape(sch, block):
+            break
+        try:
+            sch.reverse_compute_inline(consumers[0])
+        except Exception:  # noqa: BLE001 - not elementwise on the same indices: it stays a block of its own
+            break
+
+
+def _crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
+    """``kept`` is a part of ``shape`` (no larger along any axis, smaller along one)."""
+    return len(kept) == len(shape) and kept != shape and all(k <= s for k, s in zip(kept, shape))
+
+
+def _output_shape(sch, block) -> tuple[int, ...]:
+    return tuple(int(x) for x in sch.get(block).writes[0].source.shape)
 
 
 def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo) -> None:
