@@ -151,6 +151,9 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
     sch.unroll(body[-2])
     if register is not None:
         sch.unroll(body[-3])
+    if anatomy.window and anatomy.channel_reduction == 1:  # depthwise: the window unrolled, so that the
+        for loop in reductions:  # taps of neighbouring pixels share their loads (and bounds checks):
+            sch.unroll(loop)  # Zen 4, BlazeFace's 64x64x24 3x3 0.056 -> 0.051 ms, MobileNetV2's 7x7x960 0.027 -> 0.025
     tile_loops = sch.get_loops(write_back)[1:]
     if tile_loops and cropped:  # rows of the kept channels: vectors that divide them, row by row
         row = static_extent(sch, tile_loops[-1]) or 1
