@@ -94,6 +94,9 @@ def test_a_record_that_loses_inside_the_model_is_not_applied(tmp_path):
     assert matmul.in_model == matmul_times and matmul.tuned
     table = " ".join(run_cli("tuning", "show", str(d), check=True).stdout.split())
     assert "default*" in table and "ran slower inside the model" in table
+    shown = {t["workload"]: t for t in json.loads(run_cli("tuning", "show", str(d), "--json", check=True).stdout)["tasks"]}
+    assert shown["111"]["in_model"][1] == {"threads": 1, "default": 0.004, "tuned": 0.0047}
+    assert shown["111"]["lost_in_model"] and not shown["111"]["tuned"] and shown["222"]["tuned"]
     record_in_model(d, {"111": (0.0021, conv_times)})  # checked for another record than the best
     assert load_tuning(d).tasks[0].in_model is None and load_tuning(d).tasks[0].tuned
     # the release that checked one thread count wrote one pair of times and no count

@@ -179,8 +179,9 @@ class TaskSummary:
         return self.flop / self.best_seconds / 1e9
 
     def to_dict(self) -> dict[str, Any]:
+        in_model = None if self.in_model is None else [t._asdict() for t in self.in_model]
         return asdict(self) | {"weighted_seconds": self.weighted_seconds, "gflops": self.gflops, "tuned": self.tuned,
-                               "speedup": self.speedup}
+                               "speedup": self.speedup, "in_model": in_model, "lost_in_model": self.lost_in_model}
 
 
 @dataclass(frozen=True)
