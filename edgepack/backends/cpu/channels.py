@@ -13,14 +13,10 @@ at 32x32 0.036 ms, padded to 40 0.032; 24 -> 28 at 64x64 0.086 ms, padded to 32 
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
 import numpy as np
 
-from edgepack.backends.relax_exprs import bound_constant, dtype_of, static_shape
-
-logger = logging.getLogger("edgepack.schedules")
+from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
+from edgepack.backends.relax_exprs import dtype_of, static_shape
 
 MAX_EXTRA = 1 / 6  # at most this share of extra channels
 
@@ -43,53 +39,24 @@ def padded_channels(channels: int, lanes: int) -> int:
 def pad_output_channels(lanes: int):
     """A Relax module pass: each channels-last (NHWC, OHWI), ungrouped float32 convolution with constant
     weights gets ``padded_channels`` output channels (zero weights) and a slice back to its own."""
-    import tvm
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+    def rewrite(call, weight: np.ndarray, bb):
+        from tvm import relax
 
-    @mutator
-    class Rewriter(PyExprMutator):
-        def __init__(self, mod) -> None:
-            super().__init__(mod)
-            self.bindings: dict[Any, Any] = {}
-            self.padded = 0
+        if not _suits(call):
+            return None
+        channels = int(weight.shape[0])
+        padded = padded_channels(channels, lanes)
+        if padded == channels:
+            return None
+        grown = np.concatenate([weight, np.zeros((padded - channels, *weight.shape[1:]), weight.dtype)])
+        a = call.attrs
+        wide = bb.emit(relax.op.nn.conv2d(call.args[0], relax.const(grown), a.strides, a.padding, a.dilation,
+                                          a.groups, a.data_layout, a.kernel_layout, a.out_layout, a.out_dtype))
+        return (relax.op.strided_slice(wide, axes=[3], begin=[0], end=[channels]),
+                "with output channels padded to whole SIMD vectors")
 
-        def visit_var_binding_(self, binding) -> None:
-            self.bindings[binding.var] = binding.value
-            super().visit_var_binding_(binding)
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(conv2d) or not _suits(call):
-                return call
-            weight = bound_constant(call.args[1], self.bindings)
-            if weight is None:
-                return call
-            channels = int(weight.shape[0])
-            padded = padded_channels(channels, lanes)
-            if padded == channels:
-                return call
-            grown = np.concatenate([weight, np.zeros((padded - channels, *weight.shape[1:]), weight.dtype)])
-            bb = self.builder_
-            a = call.attrs
-            wide = bb.emit(relax.op.nn.conv2d(call.args[0], relax.const(grown), a.strides, a.padding, a.dilation,
-                                              a.groups, a.data_layout, a.kernel_layout, a.out_layout, a.out_dtype))
-            self.padded += 1
-            return relax.op.strided_slice(wide, axes=[3], begin=[0], end=[channels])
-
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackPadOutputChannels")
-    def _pass(mod, _ctx):
-        rewriter = Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        if rewriter.padded:
-            logger.info("%d convolution(s) with output channels padded to whole SIMD vectors", rewriter.padded)
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
-
-    return _pass
+    return conv2d_rewrite_pass("EdgepackPadOutputChannels", rewrite)
 
 
 def _suits(call) -> bool:

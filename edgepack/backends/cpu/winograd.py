@@ -22,16 +22,13 @@ outweigh the transforms.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
 from edgepack.backends.cpu.schedules.winograd import INPUT_BLOCK, OUTPUT_BLOCK
-from edgepack.backends.relax_exprs import bound_constant, dtype_of, static_shape
-
-logger = logging.getLogger("edgepack.schedules")
+from edgepack.backends.relax_exprs import dtype_of, static_shape
 
 # below these the transforms (memory-bound, and serial below the parallel threshold) cost more than the
 # multiplies saved (measured on a Zen 4 core, each convolution with its transforms against the direct
@@ -201,56 +198,26 @@ def choose(out_h: int, out_w: int, largest_tile: int) -> Algorithm:
 def winograd_convolutions(largest_tile: int = 4):
     """A Relax module pass: every convolution that ``suits`` becomes the three Winograd kernels, with
     output tiles of at most ``largest_tile`` (2 or 4) pixels a side."""
-    import tvm
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+    def rewrite(call, weight: np.ndarray, bb):
+        from tvm import relax
 
-    @mutator
-    class Rewriter(PyExprMutator):
-        def __init__(self, mod) -> None:
-            super().__init__(mod)
-            self.bindings: dict[Any, Any] = {}
-            self.rewritten: dict[int, int] = {}
+        if not suits(call, weight):
+            return None
+        top, left = (int(p) for p in call.attrs.padding[:2])
+        batch, height, width, _channels = static_shape(call.args[0])
+        _batch, out_h, out_w, _out_channels = static_shape(call)
+        algorithm = choose(out_h, out_w, largest_tile)
+        m = algorithm.m
+        tiles_h, tiles_w = algorithm.tiles(out_h), algorithm.tiles(out_w)
+        # every window inside: rows and columns past the input's (and its padding's) are zeros
+        bottom, right = tiles_h * m + 2 - height - top, tiles_w * m + 2 - width - left
+        padded = bb.emit(relax.op.nn.pad(call.args[0], [0, 0, top, bottom, left, right, 0, 0]))
+        tiles = bb.emit_te(input_transform, padded, tiles_h, tiles_w, m, primfunc_name_hint=INPUT_BLOCK)
+        kernel = bb.lookup_binding(tiles).args[0]  # the call_tir's PrimFunc
+        bb.update_func(kernel, bb.get()[kernel].with_attr("op_pattern", OPAQUE))
+        products = bb.emit(relax.op.matmul(tiles, relax.const(transformed_weights(weight, algorithm))))
+        output = bb.call_te(output_transform, products, batch, out_h, out_w, m, primfunc_name_hint=OUTPUT_BLOCK)
+        return output, f"as Winograd F({m}x{m}, 3x3)"
 
-        def visit_var_binding_(self, binding) -> None:
-            self.bindings[binding.var] = binding.value
-            super().visit_var_binding_(binding)
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(conv2d):
-                return call
-            weight = bound_constant(call.args[1], self.bindings)
-            if not suits(call, weight):
-                return call
-            top, left = (int(p) for p in call.attrs.padding[:2])
-            batch, height, width, _channels = static_shape(call.args[0])
-            _batch, out_h, out_w, _out_channels = static_shape(call)
-            algorithm = choose(out_h, out_w, largest_tile)
-            m = algorithm.m
-            tiles_h, tiles_w = algorithm.tiles(out_h), algorithm.tiles(out_w)
-            # every window inside: rows and columns past the input's (and its padding's) are zeros
-            bottom, right = tiles_h * m + 2 - height - top, tiles_w * m + 2 - width - left
-            bb = self.builder_
-            padded = bb.emit(relax.op.nn.pad(call.args[0], [0, 0, top, bottom, left, right, 0, 0]))
-            tiles = bb.emit_te(input_transform, padded, tiles_h, tiles_w, m, primfunc_name_hint=INPUT_BLOCK)
-            kernel = bb.lookup_binding(tiles).args[0]  # the call_tir's PrimFunc
-            bb.update_func(kernel, bb.get()[kernel].with_attr("op_pattern", OPAQUE))
-            products = bb.emit(relax.op.matmul(tiles, relax.const(transformed_weights(weight, algorithm))))
-            self.rewritten[m] = self.rewritten.get(m, 0) + 1
-            return bb.call_te(output_transform, products, batch, out_h, out_w, m,
-                              primfunc_name_hint=OUTPUT_BLOCK)
-
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackWinograd")
-    def _pass(mod, _ctx):
-        rewriter = Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        for m, count in sorted(rewriter.rewritten.items()):
-            logger.info("%d convolution(s) as Winograd F(%dx%d, 3x3)", count, m, m)
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
-
-    return _pass
+    return conv2d_rewrite_pass("EdgepackWinograd", rewrite)

@@ -1,0 +1,66 @@
+"""The Relax module pass the CPU pipeline's convolution rewrites share (``winograd.py``, ``channels.py``):
+each ``relax.nn.conv2d`` whose weights are constants is offered to a rewrite, which replaces it or keeps
+it, and the pass logs how many convolutions each rewrite took."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edgepack.backends.relax_exprs import bound_constant
+
+logger = logging.getLogger("edgepack.schedules")
+
+#: ``rewrite(call, weight, builder)``: the call's replacement (emitted through ``builder``) and what was
+#: done to it ("as Winograd F(4x4, 3x3)"), or None to keep the call as it is.
+Rewrite = Callable[[Any, np.ndarray, Any], "tuple[Any, str] | None"]
+
+
+def conv2d_rewrite_pass(name: str, rewrite: Rewrite):
+    """A Relax module pass named ``name``: every convolution whose weights are constants (directly or
+    through variables, transposes and casts: ``bound_constant``) goes through ``rewrite``; then dead
+    bindings are dropped and "N convolution(s) <what>" is logged for each kind of rewrite done."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+
+    @mutator
+    class Rewriter(PyExprMutator):
+        def __init__(self, mod) -> None:
+            super().__init__(mod)
+            self.bindings: dict[Any, Any] = {}
+            self.done: Counter[str] = Counter()
+
+        def visit_var_binding_(self, binding) -> None:
+            self.bindings[binding.var] = binding.value
+            super().visit_var_binding_(binding)
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not call.op.same_as(conv2d):
+                return call
+            weight = bound_constant(call.args[1], self.bindings)
+            result = None if weight is None else rewrite(call, weight, self.builder_)
+            if result is None:
+                return call
+            replacement, what = result
+            self.done[what] += 1
+            return replacement
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pass(mod, _ctx):
+        rewriter = Rewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        for what, count in sorted(rewriter.done.items()):
+            logger.info("%d convolution(s) %s", count, what)
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
+
+    return _pass
