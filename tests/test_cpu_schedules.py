@@ -29,6 +29,14 @@ def _cpu_report(build_dir):
     return json.loads((build_dir / "manifest.json").read_text())["extra"]["cpu"]
 
 
+def _assert_matches_reference(build, on: str, threads=(None,)) -> None:
+    """The build's outputs equal the reference runtime's (``validate``) where ``on`` says, at each thread
+    count (None: the place's own setting)."""
+    for count in threads:
+        report = validate(build, on, threads=count)
+        assert report.passed, [(o.name, o.max_abs_error, o.mismatched) for o in report.outputs]
+
+
 def test_cpu_info_reads_the_target_not_this_machine():
     import tvm
 
@@ -217,9 +225,7 @@ def test_default_schedules_compute_the_same_under_qemu(zoo, tmp_path, profile):
     build = compile_model(zoo, profile, tmp_path / profile).output_dir
     report = _cpu_report(build)
     assert report["unscheduled"] == [] and set(report["schedules"]) == RULES
-    result = validate(build, "emulator")
-    assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]
-    assert validate(build, "emulator", threads=2).passed
+    _assert_matches_reference(build, "emulator", threads=(None, 2))
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +279,7 @@ def test_winograd_convolutions_match_onnxruntime(winograd_model, tmp_path, caplo
     caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(winograd_model, "host", tmp_path / "host").output_dir
     _assert_winograd_kernels(build, caplog)
-    for threads in (1, 2):
-        report = validate(build, "host", threads=threads)
-        assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+    _assert_matches_reference(build, "host", threads=(1, 2))
 
 
 @pytest.mark.slow
@@ -284,8 +288,7 @@ def test_winograd_convolutions_compute_the_same_under_qemu(winograd_model, tmp_p
     caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(winograd_model, profile, tmp_path / profile).output_dir
     _assert_winograd_kernels(build, caplog)
-    result = validate(build, "emulator")
-    assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]
+    _assert_matches_reference(build, "emulator")
 
 
 def test_output_channels_are_padded_to_whole_vectors_only_where_that_costs_little():
@@ -316,9 +319,7 @@ def test_padded_output_channels_match_onnxruntime(odd_channels_model, tmp_path, 
     caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(odd_channels_model, "host", tmp_path / "host").output_dir
     _assert_padded(build, caplog)
-    for threads in (1, 2):
-        report = validate(build, "host", threads=threads)
-        assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+    _assert_matches_reference(build, "host", threads=(1, 2))
 
 
 @pytest.mark.slow
@@ -328,5 +329,4 @@ def test_padded_output_channels_compute_the_same_under_qemu(odd_channels_model, 
     caplog.set_level(logging.INFO, logger="edgepack.schedules")
     build = compile_model(odd_channels_model, profile, tmp_path / profile).output_dir
     _assert_padded(build, caplog)
-    result = validate(build, "emulator")
-    assert result.passed, [(o.name, o.max_abs_error, o.mismatched) for o in result.outputs]
+    _assert_matches_reference(build, "emulator")
