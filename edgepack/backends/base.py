@@ -133,6 +133,8 @@ class Backend(ABC):
     static_bundle: ClassVar[bool] = True
     #: Whether MetaSchedule can tune it.
     tunable: ClassVar[bool] = False
+    #: The TIR pipeline its kernels are lowered with (builds and tuning candidates alike).
+    tir_pipeline: ClassVar[str] = "default"
     #: Why its kernels cannot read 8-bit tensors, or None when they can. Compiled-in pre-processing
     #: then reads uint8 camera frames as 32-bit words (``edgepack.processing``).
     no_byte_tensors: ClassVar[str | None] = None

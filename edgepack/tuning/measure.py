@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgepack.backends import backend_for
+from edgepack.backends import Backend, backend_for
 from edgepack.devices.deploy import endpoint_for
 from edgepack.devices.farm import read_state
 from edgepack.devices.local_server import LocalRPCServer
@@ -31,8 +31,9 @@ BUILDER_TIMEOUT_S = 180.0  # see docs: a cold builder worker may take ~30 s befo
 # where candidates are measured
 
 
-def build_candidate(mod, target, _params):
-    """MetaSchedule builder function (runs in the builder's worker processes).
+def build_candidate(tir_pipeline: str, mod, target, _params):
+    """MetaSchedule builder function (runs in the builder's worker processes), lowering with the
+    backend's TIR pipeline (``Backend.tir_pipeline``), as its builds do.
 
     Unlike MetaSchedule's default it does not import ``tvm.s_tir.tensor_intrin`` (about 25 s in every
     fresh worker, for every batch): tensorized candidates already carry the intrinsic's body.
@@ -41,7 +42,7 @@ def build_candidate(mod, target, _params):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
+    return tvm_build(mod, target=target, pipeline=tir_pipeline)
 
 
 def export_candidate(cxx: str | None, rt_mod) -> str:
@@ -131,12 +132,12 @@ class Measurer:
     close: Callable[[], None] = lambda: None
 
 
-def _local_builder(cxx: str | None = None, *, export: bool = False):
+def _local_builder(backend: Backend, cxx: str | None = None, *, export: bool = False):
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
 
     extra = {"f_export": functools.partial(export_candidate, cxx)} if export else {}
     return LocalBuilder(max_workers=max(1, os.cpu_count() or 1), timeout_sec=BUILDER_TIMEOUT_S,
-                        f_build=build_candidate, **extra)
+                        f_build=functools.partial(build_candidate, backend.tir_pipeline), **extra)
 
 
 def _rpc_runner(key: str, session_timeout: float, *, port: int | None = None, tracker_port: int | None = None,
@@ -153,12 +154,12 @@ def _rpc_runner(key: str, session_timeout: float, *, port: int | None = None, tr
                      f_cleanup=cleanup_remote, max_workers=workers, **factory)
 
 
-def _host_measurer(say: Progress, cold_weights: bool) -> Measurer:
+def _host_measurer(profile: Profile, say: Progress, cold_weights: bool) -> Measurer:
     from tvm.s_tir.meta_schedule.runner import LocalRunner
 
     say("Measuring on this machine")
     runner = LocalRunner(timeout_sec=60.0, evaluator_config=_evaluator_config(remote=False, cold_weights=cold_weights))
-    return Measurer(_local_builder(), runner, "host", remote=False)
+    return Measurer(_local_builder(backend_for(profile)), runner, "host", remote=False)
 
 
 def _local_server_measurer(profile: Profile, place: ThisMachine, session_timeout: float, say: Progress) -> Measurer:
@@ -173,12 +174,12 @@ def _local_server_measurer(profile: Profile, place: ThisMachine, session_timeout
     server = LocalRPCServer.start(bundle, place.on, log=say)
     say(f"Measuring on this machine's {backend.label} device ({device.device_name}) through edgepack's RPC "
         f"server on port {server.port}")
-    return Measurer(_local_builder(export=True), _rpc_runner(server.key, session_timeout, port=server.port),
+    return Measurer(_local_builder(backend, export=True), _rpc_runner(server.key, session_timeout, port=server.port),
                     place.on, remote=True, close=server.stop)
 
 
 def _cross_builder(profile: Profile):
-    return _local_builder(find_compilers(profile).cxx, export=True)
+    return _local_builder(backend_for(profile), find_compilers(profile).cxx, export=True)
 
 
 def _farm_measurer(profile: Profile, place: OnFarm, session_timeout: float, say: Progress) -> Measurer:
@@ -213,7 +214,7 @@ def measurer_for(profile: Profile, place: Place, session_timeout: float, say: Pr
     """Where ``place`` measures ``profile``'s kernels (``check_place`` said it can)."""
     if isinstance(place, ThisMachine):
         if place.backend is None:
-            return _host_measurer(say, cold_weights)
+            return _host_measurer(profile, say, cold_weights)
         return _local_server_measurer(profile, place, session_timeout, say)
     if isinstance(place, OnFarm):
         return _farm_measurer(profile, place, session_timeout, say)

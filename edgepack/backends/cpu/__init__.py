@@ -24,6 +24,7 @@ from edgepack.backends.base import (
 )
 from edgepack.backends.cpu.pipeline import UNTUNED_FORM, cpu_pipeline, describe_pipeline, prepare_passes
 from edgepack.backends.cpu.schedules import default_rules
+from edgepack.backends.cpu.stack import TIR_PIPELINE
 from edgepack.errors import CompileError, EdgepackError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -35,6 +36,7 @@ class CpuBackend(Backend):
     label = "CPU"
     host_place = "host"
     tunable = True
+    tir_pipeline = TIR_PIPELINE
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
               records: TuningRecords | None = None) -> Build:
@@ -45,9 +47,11 @@ class CpuBackend(Backend):
         pipeline, rules = cpu_pipeline(target, record, records)
         try:
             if system_lib:
-                executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline)
+                executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
+                                         tir_pipeline=self.tir_pipeline)
             else:
-                executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline)
+                executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline,
+                                         tir_pipeline=self.tir_pipeline)
         except Exception as exc:
             raise CompileError(
                 f"TVM failed to compile {imported.info.path.name} for {target.kind.name}: {first_line(exc)}",
