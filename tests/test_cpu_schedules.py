@@ -216,7 +216,7 @@ def test_register_tiles_live_on_the_stack_not_in_the_workspace_pool(spec):
     assert sch is not None and "T.parallel" in sch.mod.script()
     pool_call = "load ptr, ptr @__TVMBackendAllocWorkspace"
     stock = tvm.compile(sch.mod, target=target).mod.inspect_source("ll")
-    ours = tvm.compile(sch.mod, target=target, tir_pipeline=get_backend("cpu").tir_pipeline).mod.inspect_source("ll")
+    ours = tvm.compile(sch.mod, target=target, tir_pipeline=get_backend("cpu").tir_pipeline()).mod.inspect_source("ll")
     assert pool_call in stock and pool_call not in ours
 
 

@@ -133,8 +133,6 @@ class Backend(ABC):
     static_bundle: ClassVar[bool] = True
     #: Whether MetaSchedule can tune it.
     tunable: ClassVar[bool] = False
-    #: The TIR pipeline its kernels are lowered with (builds and tuning candidates alike).
-    tir_pipeline: ClassVar[str] = "default"
     #: Why its kernels cannot read 8-bit tensors, or None when they can. Compiled-in pre-processing
     #: then reads uint8 camera frames as 32-bit words (``edgepack.processing``).
     no_byte_tensors: ClassVar[str | None] = None
@@ -148,6 +146,11 @@ class Backend(ABC):
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
               records: TuningRecords | None = None) -> Build:
         """Run the backend's Relax pipeline (with ``records`` applied) and generate code for ``target``."""
+
+    def tir_pipeline(self) -> str:
+        """The name of the TIR pipeline its kernels are lowered with, registered with TVM (builds and
+        tuning candidates alike)."""
+        return "default"
 
     def host_target(self, profile: Profile) -> Any:
         """The target of the build for this machine (``host/model.so``, used by host validation)."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edgepack.backends import Backend, backend_for
+from edgepack.backends import Backend, backend_for, get_backend
 from edgepack.devices.deploy import endpoint_for
 from edgepack.devices.farm import read_state
 from edgepack.devices.local_server import LocalRPCServer
@@ -31,9 +31,9 @@ BUILDER_TIMEOUT_S = 180.0  # see docs: a cold builder worker may take ~30 s befo
 # where candidates are measured
 
 
-def build_candidate(tir_pipeline: str, mod, target, _params):
-    """MetaSchedule builder function (runs in the builder's worker processes), lowering with the
-    backend's TIR pipeline (``Backend.tir_pipeline``), as its builds do.
+def build_candidate(backend: str, mod, target, _params):
+    """MetaSchedule builder function (runs in the builder's worker processes), lowering with the TIR
+    pipeline of the backend named ``backend`` (``Backend.tir_pipeline``), as its builds do.
 
     Unlike MetaSchedule's default it does not import ``tvm.s_tir.tensor_intrin`` (about 25 s in every
     fresh worker, for every batch): tensorized candidates already carry the intrinsic's body.
@@ -42,7 +42,7 @@ def build_candidate(tir_pipeline: str, mod, target, _params):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target, pipeline=tir_pipeline)
+    return tvm_build(mod, target=target, pipeline=get_backend(backend).tir_pipeline())
 
 
 def export_candidate(cxx: str | None, rt_mod) -> str:
@@ -137,7 +137,7 @@ def _local_builder(backend: Backend, cxx: str | None = None, *, export: bool = F
 
     extra = {"f_export": functools.partial(export_candidate, cxx)} if export else {}
     return LocalBuilder(max_workers=max(1, os.cpu_count() or 1), timeout_sec=BUILDER_TIMEOUT_S,
-                        f_build=functools.partial(build_candidate, backend.tir_pipeline), **extra)
+                        f_build=functools.partial(build_candidate, backend.name), **extra)
 
 
 def _rpc_runner(key: str, session_timeout: float, *, port: int | None = None, tracker_port: int | None = None,

@@ -24,7 +24,7 @@ from edgepack.backends.base import (
 )
 from edgepack.backends.cpu.pipeline import UNTUNED_FORM, cpu_pipeline, describe_pipeline, prepare_passes
 from edgepack.backends.cpu.schedules import default_rules
-from edgepack.backends.cpu.stack import TIR_PIPELINE
+from edgepack.backends.cpu.stack import tir_pipeline
 from edgepack.errors import CompileError, EdgepackError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -36,7 +36,6 @@ class CpuBackend(Backend):
     label = "CPU"
     host_place = "host"
     tunable = True
-    tir_pipeline = TIR_PIPELINE
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
               records: TuningRecords | None = None) -> Build:
@@ -48,10 +47,10 @@ class CpuBackend(Backend):
         try:
             if system_lib:
                 executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
-                                         tir_pipeline=self.tir_pipeline)
+                                         tir_pipeline=self.tir_pipeline())
             else:
                 executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline,
-                                         tir_pipeline=self.tir_pipeline)
+                                         tir_pipeline=self.tir_pipeline())
         except Exception as exc:
             raise CompileError(
                 f"TVM failed to compile {imported.info.path.name} for {target.kind.name}: {first_line(exc)}",
@@ -60,6 +59,9 @@ class CpuBackend(Backend):
         report = ScheduleReport(target=str(target), pipeline=describe_pipeline(records), rules=rules,
                                 functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())])
         return Build(executable, report)
+
+    def tir_pipeline(self) -> str:
+        return tir_pipeline()
 
     def host_target(self, profile: Profile) -> Any:
         import tvm

@@ -9,19 +9,14 @@ tile on the stack (one thread either way). So CPU builds lower every buffer of a
 ``STACK_LIMIT_BYTES`` to a stack slot (the runtime's and a phone's worker threads have at least
 512 KiB of stack), through TVM's own opt-out of the workspace call (``disable_lower_builtin``).
 
-``TIR_PIPELINE`` names TVM's default TIR pipeline with that pass added before ``LowerTVMBuiltin``;
-importing this module registers it (candidates built for tuning use it too, so that records and
-default schedules are timed alike).
+``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass added before
+``LowerTVMBuiltin`` and returns its name (candidates built for tuning use it too, so that records and
+default schedules are timed alike). TVM is imported only then: ``edgepack --help`` does not need it.
 """
 
 from __future__ import annotations
 
 from math import prod
-
-import tvm
-import tvm_ffi
-from tvm import tirx
-from tvm.s_tir.pipeline import default_s_tir_pipeline
 
 TIR_PIPELINE = "edgepack-cpu"
 STACK_LIMIT_BYTES = 16 * 1024
@@ -37,6 +32,8 @@ def _bytes(buffer) -> int | None:
 
 
 def _on_stack(alloc):
+    from tvm import tirx
+
     size = _bytes(alloc.buffer)
     if not size or size > STACK_LIMIT_BYTES or _KEEP_OFF_WORKSPACE in alloc.annotations:  # 0: TVM refuses it
         return alloc
@@ -45,15 +42,31 @@ def _on_stack(alloc):
     return tirx.AllocBuffer(alloc.buffer, annotations)
 
 
-@tirx.transform.prim_func_pass(opt_level=0, name="edgepack.StackAllocations")
-def stack_allocations(func, _mod, _ctx):
-    """Every buffer of a known size up to ``STACK_LIMIT_BYTES`` declared inside ``func`` on the stack."""
-    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, _on_stack)]))
+def _stack_allocations():
+    """The pass: every buffer of a known size up to ``STACK_LIMIT_BYTES`` declared in a kernel on the stack."""
+    import tvm_ffi
+    from tvm import tirx
+
+    @tirx.transform.prim_func_pass(opt_level=0, name="edgepack.StackAllocations")
+    def stack_allocations(func, _mod, _ctx):
+        return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, _on_stack)]))
+
+    return stack_allocations
 
 
 def _pipeline():
+    import tvm
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return lower, lambda: tvm.transform.Sequential([stack_allocations, finalize_host()]), finalize_device
+    return lower, lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device
 
 
-tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline)
+def tir_pipeline() -> str:
+    """The name of the CPU builds' TIR pipeline, registered with TVM (once per process)."""
+    from tvm import tirx
+    from tvm.tirx.compilation_pipeline import PIPELINE_MAP
+
+    if TIR_PIPELINE not in PIPELINE_MAP:
+        tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline)
+    return TIR_PIPELINE
