@@ -16,6 +16,7 @@ default schedules are timed alike). TVM is imported only then: ``edgepack --help
 
 from __future__ import annotations
 
+import functools
 from math import prod
 
 TIR_PIPELINE = "edgepack-cpu"
@@ -62,11 +63,10 @@ def _pipeline():
     return lower, lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device
 
 
+@functools.cache
 def tir_pipeline() -> str:
     """The name of the CPU builds' TIR pipeline, registered with TVM (once per process)."""
     from tvm import tirx
-    from tvm.tirx.compilation_pipeline import PIPELINE_MAP
 
-    if TIR_PIPELINE not in PIPELINE_MAP:
-        tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline)
+    tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline)
     return TIR_PIPELINE
