@@ -241,6 +241,40 @@ def onnx_odd_channels(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+def onnx_streamed_depthwise(path: Path, *, seed: int = 0) -> Path:
+    """Depthwise convolutions whose outputs are larger than a cache holds (over 1 MiB), which edgepack
+    tiles to write whole pixels: 32 channels 3x3 at 96x96, a 1x1 convolution 32 -> 144 and 144 channels
+    3x3 of stride 2 (48x48x144), each with a ReLU6. Input ``x`` [1, 32, 96, 96]; output ``y`` [1, 144, 48, 48]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")], []
+
+    def conv(x: str, name: str, out: int, inp: int, k: int, group: int = 1, stride: int = 1) -> str:
+        w = rng.normal(0, np.sqrt(2.0 / (inp // group * k * k)), (out, inp // group, k, k)).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, name + "_w"),
+                      numpy_helper.from_array(rng.normal(0, 0.1, out).astype(np.float32), name + "_b")])
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
+                                      pads=[k // 2] * 4, group=group, strides=[stride, stride]))
+        nodes.append(helper.make_node("Clip", [name, "lo", "hi"], [name + "_relu6"]))
+        return name + "_relu6"
+
+    x = conv("x", "dw32", 32, 32, 3, group=32)
+    x = conv(x, "expand", 144, 32, 1)
+    x = conv(x, "dw144", 144, 144, 3, group=144, stride=2)
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    graph = helper.make_graph(
+        nodes, "streamed_depthwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 96, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 144, 48, 48])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     """One ONNX model with a layer of every kind edgepack's CPU schedule rules take, shapes chosen to hit
     their corner cases (channel counts that are not multiples of the SIMD width, groups of 6 channels,

@@ -9,10 +9,10 @@ import logging
 import numpy as np
 import pytest
 from conftest import run_cli
-from model_factory import onnx_layer_zoo, onnx_odd_channels, onnx_winograd_convs
+from model_factory import onnx_layer_zoo, onnx_odd_channels, onnx_streamed_depthwise, onnx_winograd_convs
 
 from edgepack.backends.cpu.schedules import CpuInfo, default_rules
-from edgepack.backends.cpu.schedules.tiling import choose_tile
+from edgepack.backends.cpu.schedules.tiling import Tile, choose_tile
 from edgepack.compiling import compile_model
 from edgepack.validation import validate
 
@@ -68,6 +68,41 @@ def test_register_tiles_fit_the_registers_and_divide_their_axes():
     assert choose_tile(24, 56, 16, avx512).lanes == 8  # a power of two that fills half a register
     assert choose_tile(42, 32, 16, avx512).lanes == 14  # else the largest divisor that fits: 14, not 2
     assert choose_tile(136, 28, 16, avx512, group=34).lanes == 2  # a vector never crosses a group
+
+
+def test_a_depthwise_tile_writes_whole_pixels_where_its_output_leaves_the_cache():
+    avx512, neon64, neon32 = CpuInfo("x86_64", 512, 32), CpuInfo("aarch64", 128, 32), CpuInfo("arm", 128, 16)
+    # in cache: the tile that computes fastest (48 of 144 channels, 4 pixels)
+    assert choose_tile(144, 56, 16, avx512, depthwise=True) == Tile(16, 3, 4)
+    # streamed: every channel of a pixel, as many pixels as the accumulators allow
+    assert choose_tile(144, 56, 16, avx512, depthwise=True, streamed=True) == Tile(16, 9, 1)
+    assert choose_tile(96, 56, 16, avx512, depthwise=True, streamed=True) == Tile(16, 6, 2)
+    assert choose_tile(32, 96, 4, neon64, depthwise=True, streamed=True) == Tile(4, 8, 1)
+    # more channels than the accumulators hold (or than armv7's 16 registers allow): the usual tile
+    for cpu, vector in ((avx512, 960), (neon64, 144), (neon32, 32)):
+        lanes = cpu.lanes(32)
+        assert choose_tile(vector, 56, lanes, cpu, depthwise=True, streamed=True) == \
+            choose_tile(vector, 56, lanes, cpu, depthwise=True)
+    assert choose_tile(144, 56, 16, avx512, streamed=True) == choose_tile(144, 56, 16, avx512)  # not depthwise
+
+
+@pytest.fixture(scope="module")
+def streamed_depthwise_model(tmp_path_factory):
+    return onnx_streamed_depthwise(tmp_path_factory.mktemp("streamed") / "streamed.onnx")
+
+
+def test_depthwise_convolutions_with_streamed_outputs_match_onnxruntime(streamed_depthwise_model, tmp_path):
+    build = compile_model(streamed_depthwise_model, "host", tmp_path / "host").output_dir
+    assert _cpu_report(build)["unscheduled"] == []
+    _assert_matches_reference(build, "host", threads=(1, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_depthwise_convolutions_with_streamed_outputs_compute_the_same_under_qemu(streamed_depthwise_model,
+                                                                                   tmp_path, profile):
+    build = compile_model(streamed_depthwise_model, profile, tmp_path / profile).output_dir
+    _assert_matches_reference(build, "emulator", threads=(None, 2))
 
 
 def test_every_kernel_of_an_untuned_build_has_a_schedule_and_matches_onnxruntime(zoo, tmp_path):
