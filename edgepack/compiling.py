@@ -109,6 +109,10 @@ def compile_model(
     if tuning is not None:  # checked before any build, applied to the device build
         say(f"Reading the tuning records in {tuning}")
         applied = apply_tuning(imported, profile, device_target, tuning)
+        if applied.stale_tasks:
+            say(f"{len(applied.stale_tasks)} tuned kernel(s) keep their default schedule, which this edgepack makes "
+                f"differently than when they were tuned ({', '.join(applied.stale_tasks)}): `edgepack tune` on "
+                f"{tuning} times the new defaults (no new trials needed) and applies records that still beat them")
     records = applied.records if applied else None
     # the processing around the model: one program, fused by the backend's pipeline like the model
     program = processed_model(imported, plan, word_reads=backend.no_byte_tensors) if plan else imported

@@ -471,6 +471,37 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
         compile_model(models["mobilenetv2"].path, "host", tmp_path / "other", tuning=out)
     assert not (tmp_path / "other").exists()
 
+    # 6. the default time of a task measured for another default schedule than this edgepack's (a release
+    # that scheduled the kernel otherwise): its record beat that one, not today's, and is not applied; the
+    # compile says so, and the same `tune` command times today's default without any trial left
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+    from edgepack.tuning.records import DEFAULTS_FILE, apply_tuning
+
+    host = get_profile("host")
+    imported = import_model(model.path, model.input_shapes)
+    assert apply_tuning(imported, host, host.tvm_target(), out).stale_tasks == ()
+    defaults = json.loads((out / DEFAULTS_FILE).read_text())
+    stale = tuned[0]
+    defaults[stale.workload].update(schedule="edgepack-cpu/0", seconds=1.0)  # every record beats 1 s
+    defaults[stale.workload].pop("in_model", None)
+    (out / DEFAULTS_FILE).write_text(json.dumps(defaults))
+    position = [t.workload for t in load_tuning(out).tasks].index(stale.workload)
+    assert load_tuning(out).tasks[position].tuned  # by the directory's own account
+    assert apply_tuning(imported, host, host.tvm_target(), out).stale_tasks == (stale.name,)
+    compiled = run_cli("compile", str(model.path), "--input-shape", "x:1,3,48,192", "--profile", "host",
+                       "-o", str(tmp_path / "stale"), "--tuning", str(out), check=True)
+    said = " ".join((compiled.stdout + compiled.stderr).split())  # steps are shown on stderr
+    assert f"keep their default schedule, which this edgepack makes differently than when they were tuned " \
+           f"({stale.name})" in said, said
+    again = json.loads(run_cli(*command, "--json", check=True).stdout)
+    assert again["trials_run"] == 0
+    retimed = json.loads((out / DEFAULTS_FILE).read_text())[stale.workload]
+    assert retimed["schedule"].startswith("edgepack-cpu/") and retimed["schedule"] != "edgepack-cpu/0"
+    assert retimed["seconds"] < 1.0
+    assert apply_tuning(imported, host, host.tvm_target(), out).stale_tasks == ()
+    assert load_tuning(out).tasks[position].default_seconds == retimed["seconds"]
+
 
 @pytest.mark.slow
 def test_tune_with_a_time_budget(models, tmp_path):

@@ -8,9 +8,11 @@ A tuning directory holds::
     database_workload.json       MetaSchedule's JSON database (append-only, one JSON value per line):
     database_tuning_record.json    every finished measurement is one line of the record file
     state.json                   time spent tuning so far (all runs), number of runs
-    defaults.json                per task, the untuned build's schedule (its rule) and its measured time:
-                                 a record is applied only where it is faster; after a run on this
-                                 machine also both kernels' times inside the model ("in_model",
+    defaults.json                per task, the untuned build's schedule (its rule and fingerprint) and its
+                                 measured time: a record is applied only where it is faster, and only
+                                 while edgepack's default schedule is still the one timed (a newer
+                                 release's may be faster: ``edgepack tune`` times it again); after a run
+                                 on this machine also both kernels' times inside the model ("in_model",
                                  ``tuning/in_model.py``): a record slower there is not applied
     logs/tune.log                MetaSchedule's own log
 """
@@ -233,10 +235,13 @@ class AppliedTuning:
     summary: TuningSummary
     tuned_tasks: int
     total_tasks: int
+    # tasks whose record beat a default schedule that edgepack no longer gives them: they keep today's
+    # default (a record is applied only where it beats that one) until ``edgepack tune`` times it
+    stale_tasks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"directory": str(self.summary.directory), "tuned_tasks": self.tuned_tasks,
-                "total_tasks": self.total_tasks, "trials": self.summary.trials}
+                "total_tasks": self.total_tasks, "trials": self.summary.trials, "stale_tasks": list(self.stale_tasks)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,11 +434,57 @@ def read_defaults(directory: Path) -> dict[str, dict[str, Any]]:
     return {str(k): v for k, v in data.items() if isinstance(v, dict) and isinstance(v.get("seconds"), (int, float))}
 
 
-def record_default(directory: Path, workload: str, rule: str, seconds: float) -> None:
-    """Write down the measured time of a task's default schedule (atomically, after its record)."""
+def record_default(directory: Path, workload: str, rule: str, seconds: float, fingerprint: str | None = None) -> None:
+    """Write down the measured time of a task's default schedule (``DefaultSchedule.fingerprint``: which
+    one it was), atomically, after its record."""
     defaults = read_defaults(directory)
-    defaults[workload] = {"rule": rule, "seconds": seconds}
+    defaults[workload] = {"rule": rule, "schedule": fingerprint, "seconds": seconds}
     write_json_atomic(directory / DEFAULTS_FILE, defaults)
+
+
+def schedule_hash(mod) -> int:
+    import tvm_ffi
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
+@dataclass(frozen=True)
+class DefaultSchedule:
+    """What an untuned build runs for a task's kernel: the rule that scheduled it, the schedule, and its
+    fingerprint (the scheduled kernel and the TIR pipeline that lowers it). A default time recorded under
+    another fingerprint is stale: edgepack's default schedules changed since it was measured."""
+
+    rule: str
+    schedule: Any  # tvm.s_tir.Schedule
+    fingerprint: str
+
+
+def default_schedule(backend: Backend, mod: Any, target: Any) -> DefaultSchedule | None:
+    """The default schedule of a tuning task's kernel (``mod``), None where the backend has none."""
+    found = backend.default_schedule(mod, target)
+    if found is None:
+        return None
+    rule, sch = found
+    return DefaultSchedule(rule, sch, f"{backend.tir_pipeline()}/{schedule_hash(sch.mod) & (1 << 64) - 1:016x}")
+
+
+def stale_defaults(directory: Path, backend: Backend, target: Any, workloads: set[str]) -> set[str]:
+    """Of ``workloads``, those whose recorded default time was measured for another default schedule
+    than the one this edgepack gives their kernel (or by a release that recorded no fingerprint)."""
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    defaults = read_defaults(directory)
+    stale = set()
+    for line in read_lines(directory / WORKLOAD_FILE, valid_workload).values:
+        if line[0] not in workloads or line[0] not in defaults:
+            continue
+        try:
+            current = default_schedule(backend, Workload.from_json(line).mod, target)
+        except Exception:  # noqa: BLE001 - as in a build: a kernel no rule takes has no default to compare
+            current = None
+        if current is not None and defaults[line[0]].get("schedule") != current.fingerprint:
+            stale.add(line[0])
+    return stale
 
 
 def record_in_model(directory: Path, checked: dict[str, tuple[float, tuple[InModelTime, ...]]]) -> None:
@@ -619,5 +670,7 @@ def apply_tuning(imported: ImportedModel, profile: Profile, target, tuning_dir: 
                           "Compile this profile without --tuning.")
     summary = check_tuning(tuning_dir, imported, target)
     tuned = {t.workload for t in summary.tasks if t.tuned}
-    records = TuningRecords(tuning_database(tuning_dir, tuned), form=summary.meta.form)
-    return AppliedTuning(records, summary, len(tuned), len(summary.tasks))
+    stale = stale_defaults(Path(tuning_dir), backend, target, tuned)
+    records = TuningRecords(tuning_database(tuning_dir, tuned - stale), form=summary.meta.form)
+    names = tuple(t.name for t in summary.tasks if t.workload in stale)
+    return AppliedTuning(records, summary, len(tuned - stale), len(summary.tasks), names)

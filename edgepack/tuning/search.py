@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgepack.tuning.records import FAILED_SECONDS, TuningTask
+from edgepack.tuning.records import FAILED_SECONDS, TuningTask, schedule_hash
 
 PROBE_TRIALS = 4  # a task's first batch: every kernel gets a measured schedule before any gets many
 
@@ -33,7 +33,7 @@ class TaskPlan:
     exhausted: bool = False
     history: list[float] = field(default_factory=list)  # best seconds after each batch (1e10: none valid yet)
     default: Any = None  # the default schedule's MeasureCandidate, measured first (None: none or done)
-    default_rule: str = ""  # the rule that made it
+    default_of: Any = None  # what ``default`` measures (records.DefaultSchedule: rule, fingerprint)
     measuring_default: bool = False  # the batch in flight is the default schedule (not a trial)
 
 
@@ -52,12 +52,6 @@ class Control:
         if self.deadline is not None and self.batches > 0 and time.monotonic() >= self.deadline:
             self.stopped_by_time = True
         return self.stopped_by_time
-
-
-def schedule_hash(mod) -> int:
-    import tvm_ffi
-
-    return int(tvm_ffi.structural_hash(mod))
 
 
 def replay(workload_mod, trace):
@@ -127,14 +121,16 @@ def resumable_strategy_class():
 
         def generate_measure_candidates(self):
             plan, control = self.plan, self.control
-            if plan.left <= 0 or control.left <= 0 or control.interrupted or control.expired():
+            if control.interrupted or control.expired():
                 return None
             if plan.default is not None:  # the untuned build's schedule: the baseline every record must beat
-                candidate, plan.default = plan.default, None
+                candidate, plan.default = plan.default, None  # (no trial: measured with none left, too)
                 self._pending = ([], [])
                 plan.measuring_default = True
                 plan.in_flight = []
                 return [candidate]
+            if plan.left <= 0 or control.left <= 0:
+                return None
             for _ in range(32):  # rounds that only proposed recorded schedules
                 try:
                     candidates = self.inner.generate_measure_candidates()

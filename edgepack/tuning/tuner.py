@@ -59,6 +59,7 @@ from edgepack.tuning.records import (
     TuningSummary,
     TuningTask,
     check_meta,
+    default_schedule,
     format_duration,
     load_tuning,
     read_database,
@@ -147,20 +148,23 @@ class TuningResult:
 ProgressSnapshots = Callable[[TuningProgress], None]
 
 
-def _plan_default(plan: TaskPlan, backend: Backend, context, target, logger: logging.Logger) -> None:
-    """Give ``plan`` its default schedule to measure first (what an untuned build runs)."""
+def _untimed_defaults(plans: list[TaskPlan], extracted, backend: Backend, target, defaults: dict[str, dict],
+                     logger: logging.Logger) -> None:
+    """Give each plan whose default schedule (what an untuned build runs) has no time recorded for it
+    that schedule to measure first: a new task, or one timed when edgepack scheduled it otherwise."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
-    try:
-        found = backend.default_schedule(context.mod, target)
-    except Exception as exc:  # noqa: BLE001 - the search still runs without a baseline
-        logger.warning("no default schedule for %s: %s", plan.task.name, exc)
-        found = None
-    if found is None:
-        return
-    plan.default_rule, sch = found
-    plan.default = MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
+    for plan in plans:
+        try:
+            found = default_schedule(backend, extracted[plan.index].dispatched[0], target)
+        except Exception as exc:  # noqa: BLE001 - the search still runs without a baseline
+            logger.warning("no default schedule for %s: %s", plan.task.name, exc)
+            found = None
+        if found is None or defaults.get(plan.task.workload, {}).get("schedule") == found.fingerprint:
+            continue
+        plan.default_of = found
+        plan.default = MeasureCandidate(found.schedule, ArgInfo.from_entry_func(found.schedule.mod, remove_preproc=True))
 
 
 @contextlib.contextmanager
@@ -395,7 +399,12 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
         plans.append(TaskPlan(index, task, summary.trials, left, summary.best_seconds, cap))
     remaining = max(0, trials - trials_before)
     time_left = None if time_budget_s is None else max(0.0, time_budget_s - seconds_before)
-    active = [p for p in plans if p.left > 0]
+    _untimed_defaults(plans, extracted, backend_for(profile), tuning_target, defaults, logger)
+    untimed = [p for p in plans if p.default is not None and p.task.workload in defaults]
+    if untimed:  # timed again with or without trials left: until then their records are not applied
+        say(f"Timing the default schedules of {len(untimed)} task(s) again: edgepack schedules them "
+            "differently than when they were tuned")
+    active = [p for p in plans if (p.left > 0 and remaining > 0) or p in untimed]
     for plan in plans:
         plan.tuning = plan in active
 
@@ -421,7 +430,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
     report = on_progress or (lambda _p: None)
 
     def finish(stopped: str, run_trials: int, skipped: int, lost: int = 0) -> TuningResult:
-        if cold_weights and run_trials > 0 and stopped != "interrupted":  # CPU kernels timed on this machine
+        if cold_weights and (run_trials > 0 or untimed) and stopped != "interrupted":  # timed on this machine
             try:
                 cores = target_dict(tuning_target).get("num-cores")
                 check_in_model(imported, profile, directory, say, (int(cores) if cores else None, 1))
@@ -436,7 +445,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
         return TuningResult(load_tuning(directory), place.on, trials_before, run_trials, skipped, elapsed, stopped, repaired,
                             lost)
 
-    if remaining <= 0 or not active or time_left == 0.0:
+    if not active or time_left == 0.0:
         why = ("the trial budget is used up" if remaining <= 0 else
                "the time budget is used up" if time_left == 0.0 else
                "every task has its trials" if not only else f"no task matches {', '.join(only)} or they have their trials")
@@ -495,8 +504,6 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
                 continue
             contexts.append(context)
             schedulable.append(plan)
-            if plan.task.workload not in defaults:  # measured in an earlier run
-                _plan_default(plan, backend_for(profile), context, tuning_target, logger)
         active[:] = schedulable
         if not active:
             return finish("tasks", 0, 0)
@@ -515,7 +522,8 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
                 for _position, run_secs in recorded:
                     if run_secs:
                         mean = sum(run_secs) / len(run_secs)
-                        record_default(directory, plan.task.workload, plan.default_rule, mean)
+                        record_default(directory, plan.task.workload, plan.default_of.rule, mean,
+                                       plan.default_of.fingerprint)
                         plan.best = mean if plan.best is None else min(plan.best, mean)
                 plan.history.append(plan.best if plan.best is not None else FAILED_SECONDS * 10)
                 report(snapshot(run_trials, last=plan.index))
