@@ -415,3 +415,60 @@ def onnx_with_data_dependent_outputs(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def onnx_depthwise_pointwise(path: Path, *, seed: int = 0) -> Path:
+    """Depthwise convolutions followed by 1x1 convolutions, the pairs edgepack fuses into one kernel, in
+    the forms real models have them: MobileNetV2's (1x1 expand, depthwise 3x3 and ReLU6, 1x1 project with
+    a residual add; and with a depthwise stride of 2), BlazeFace's (depthwise without activation, 1x1 to
+    more channels, the input padded with zero channels as the residual, ReLU; 36 output channels, which
+    edgepack pads to whole SIMD vectors and crops), and a depthwise convolution too wide for the fused
+    tile (640 channels at 7x7: kept as two kernels). Input ``x`` [1, 16, 28, 28]; outputs ``y``
+    [1, 36, 14, 14] and ``z`` [1, 16, 7, 7]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits, nodes = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")], []
+
+    def conv(x: str, name: str, out: int, inp: int, k: int, group: int = 1, stride: int = 1, act: str = "") -> str:
+        w = rng.normal(0, np.sqrt(2.0 / (inp // group * k * k)), (out, inp // group, k, k)).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, name + "_w"),
+                      numpy_helper.from_array(rng.normal(0, 0.1, out).astype(np.float32), name + "_b")])
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
+                                      pads=[k // 2] * 4, group=group, strides=[stride, stride]))
+        if act == "relu6":
+            nodes.append(helper.make_node("Clip", [name, "lo", "hi"], [name + "_relu6"]))
+            return name + "_relu6"
+        return name
+
+    # MobileNetV2: expand, depthwise, project + residual; then a block with a stride-2 depthwise
+    h = conv("x", "expand1", 48, 16, 1, act="relu6")
+    h = conv(h, "dw1", 48, 48, 3, group=48, act="relu6")
+    h = conv(h, "project1", 16, 48, 1)
+    nodes.append(helper.make_node("Add", ["x", h], ["block1"]))
+    h = conv("block1", "expand2", 48, 16, 1, act="relu6")
+    h = conv(h, "dw2", 48, 48, 3, group=48, stride=2, act="relu6")
+    b2 = conv(h, "project2", 24, 48, 1)
+    # BlazeFace: depthwise (no activation), 1x1 to more channels, the input zero-padded as the residual
+    h = conv(b2, "dw3", 24, 24, 3, group=24)
+    h = conv(h, "project3", 36, 24, 1)
+    inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 12, 0, 0], np.int64), "channel_pads"))
+    nodes += [helper.make_node("Pad", [b2, "channel_pads"], ["padded"]),
+              helper.make_node("Add", [h, "padded"], ["sum3"]),
+              helper.make_node("Relu", ["sum3"], ["y"])]
+    # too wide to fuse: 640 channels a pixel
+    h = conv("y", "expand4", 640, 36, 1, act="relu6")
+    h = conv(h, "pool4", 640, 640, 3, group=640, stride=2, act="relu6")
+    h = conv(h, "dw4", 640, 640, 3, group=640, act="relu6")
+    conv(h, "z", 16, 640, 1)
+    graph = helper.make_graph(
+        nodes, "depthwise_pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 14, 14]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 7, 7])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

@@ -9,10 +9,16 @@ import logging
 import numpy as np
 import pytest
 from conftest import run_cli
-from model_factory import onnx_layer_zoo, onnx_odd_channels, onnx_streamed_depthwise, onnx_winograd_convs
+from model_factory import (
+    onnx_depthwise_pointwise,
+    onnx_layer_zoo,
+    onnx_odd_channels,
+    onnx_streamed_depthwise,
+    onnx_winograd_convs,
+)
 
 from edgepack.backends.cpu.schedules import CpuInfo, default_rules
-from edgepack.backends.cpu.schedules.tiling import Tile, choose_tile
+from edgepack.backends.cpu.schedules.tiling import Tile, choose_tile, depthwise_accumulators
 from edgepack.compiling import compile_model
 from edgepack.validation import validate
 
@@ -63,7 +69,7 @@ def test_register_tiles_fit_the_registers_and_divide_their_axes():
             assert tile.accumulators <= cpu.accumulators
             assert tile.accumulators + tile.vectors + 1 <= cpu.vector_registers
             depthwise = choose_tile(vector, register, cpu.lanes(32), cpu, group, depthwise=True)
-            assert depthwise.accumulators <= cpu.accumulators // 2
+            assert depthwise.accumulators <= depthwise_accumulators(cpu) < cpu.accumulators
     assert choose_tile(144, 56, 16, avx512).lanes == 16  # 144 = 9 x 16 (not 24-wide vectors)
     assert choose_tile(24, 56, 16, avx512).lanes == 8  # a power of two that fills half a register
     assert choose_tile(42, 32, 16, avx512).lanes == 14  # else the largest divisor that fits: 14, not 2
@@ -72,8 +78,11 @@ def test_register_tiles_fit_the_registers_and_divide_their_axes():
 
 def test_a_depthwise_tile_writes_whole_pixels_where_its_output_leaves_the_cache():
     avx512, neon64, neon32 = CpuInfo("x86_64", 512, 32), CpuInfo("aarch64", 128, 32), CpuInfo("arm", 128, 16)
-    # in cache: the tile that computes fastest (48 of 144 channels, 4 pixels)
-    assert choose_tile(144, 56, 16, avx512, depthwise=True) == Tile(16, 3, 4)
+    # in cache: the tile that computes fastest (16 of 144 channels, 14 pixels that share their taps)
+    assert choose_tile(144, 56, 16, avx512, depthwise=True) == Tile(16, 1, 14)
+    assert choose_tile(384, 14, 16, avx512, depthwise=True) == Tile(16, 2, 7)
+    assert choose_tile(24, 64, 8, avx512, depthwise=True) == Tile(8, 3, 4)  # every channel: 12 accumulators
+    assert choose_tile(384, 14, 4, neon32, depthwise=True) == Tile(4, 1, 7)
     # streamed: every channel of a pixel, as many pixels as the accumulators allow
     assert choose_tile(144, 56, 16, avx512, depthwise=True, streamed=True) == Tile(16, 9, 1)
     assert choose_tile(96, 56, 16, avx512, depthwise=True, streamed=True) == Tile(16, 6, 2)
@@ -102,6 +111,63 @@ def test_depthwise_convolutions_with_streamed_outputs_match_onnxruntime(streamed
 def test_depthwise_convolutions_with_streamed_outputs_compute_the_same_under_qemu(streamed_depthwise_model,
                                                                                    tmp_path, profile):
     build = compile_model(streamed_depthwise_model, profile, tmp_path / profile).output_dir
+    _assert_matches_reference(build, "emulator", threads=(None, 2))
+
+
+@pytest.fixture(scope="module")
+def depthwise_pointwise_model(tmp_path_factory):
+    return onnx_depthwise_pointwise(tmp_path_factory.mktemp("dwpw") / "dwpw.onnx")
+
+
+def test_a_depthwise_convolution_and_the_pointwise_one_after_it_run_as_one_kernel(depthwise_pointwise_model,
+                                                                                 tmp_path):
+    build = compile_model(depthwise_pointwise_model, "host", tmp_path / "host").output_dir
+    report = _cpu_report(build)
+    assert report["unscheduled"] == [], report
+    fused = {f["name"] for f in report["functions"] if f["schedule"] == "cpu.DepthwisePointwise"}
+    # MobileNetV2's block (residual), its stride-2 block, BlazeFace's (channel crop, padded residual, ReLU)
+    assert len(fused) == 3 and any("strided_slice" in name and "relu" in name for name in fused), fused
+    # the 640-channel depthwise convolution stays a kernel of its own: one pixel's output is 2.5 KiB, and
+    # the 1x1 convolution after it would have to compute one pixel at a time to keep its tile on the stack
+    assert sum(f["schedule"] == "cpu.Conv2D" for f in report["functions"]) == 5
+    _assert_matches_reference(build, "host", threads=(1, 2))
+
+
+def test_the_fused_tile_keeps_the_pointwise_tile_and_fits_the_stack():
+    from edgepack.backends.cpu.schedules.fused import MAX_TILE_BYTES
+
+    avx512, neon32 = CpuInfo("x86_64", 512, 32), CpuInfo("arm", 128, 16)
+    for cpu in (avx512, neon32):
+        for channels, pixels, out in [(144, 56, 24), (576, 14, 96), (960, 7, 160), (32, 112, 16)]:
+            alone = choose_tile(out, pixels, cpu.lanes(32), cpu)
+            fused = pointwise_tile_of(channels, pixels, out, cpu)
+            assert fused is None or (fused.repeat <= alone.repeat and fused.repeat * channels * 4 <= MAX_TILE_BYTES)
+    assert pointwise_tile_of(144, 56, 24, avx512).repeat == choose_tile(24, 56, 16, avx512).repeat
+    assert pointwise_tile_of(960, 7, 160, avx512).repeat == 1  # 7 pixels of 960 channels: 26 KiB
+
+
+def pointwise_tile_of(channels: int, pixels: int, out: int, cpu):
+    """The fused kernel's pointwise tile for a 1x1 convolution ``channels`` -> ``out`` over a row of
+    ``pixels``, from a real kernel's anatomy."""
+    import tvm
+    from tvm import s_tir, te, topi
+
+    from edgepack.backends.cpu.schedules.anatomy import reduction_anatomy
+    from edgepack.backends.cpu.schedules.fused import pointwise_tile
+
+    data = te.placeholder((1, pixels, pixels, channels), name="data")
+    weight = te.placeholder((1, 1, channels, out), name="weight")
+    func = te.create_prim_func([data, weight, topi.nn.conv2d_nhwc(data, weight, 1, 0, 1)])
+    anatomy = reduction_anatomy(s_tir.Schedule(tvm.IRModule({"main": func})))
+    return pointwise_tile(anatomy, channels * 4, cpu)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_fused_depthwise_and_pointwise_convolutions_compute_the_same_under_qemu(depthwise_pointwise_model,
+                                                                                tmp_path, profile):
+    build = compile_model(depthwise_pointwise_model, profile, tmp_path / profile).output_dir
+    assert sum(f["schedule"] == "cpu.DepthwisePointwise" for f in _cpu_report(build)["functions"]) == 3
     _assert_matches_reference(build, "emulator", threads=(None, 2))
 
 

@@ -88,6 +88,8 @@ class KernelForm:
     winograd: int = 0
     # channels-last convolutions compute their output channels padded to whole SIMD vectors and crop them
     padded_channels: bool = False
+    # a channels-last depthwise convolution and the 1x1 convolution that reads it are one kernel
+    fused_depthwise: bool = False
 
 
 @dataclass(frozen=True)

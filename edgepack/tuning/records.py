@@ -104,6 +104,9 @@ class TuningMeta:
     # CPU convolutions were tuned with their output channels padded to whole SIMD vectors
     # (KernelForm.padded_channels); older directories without
     padded_channels: bool = False
+    # CPU depthwise convolutions were tuned fused with the 1x1 convolution after them
+    # (KernelForm.fused_depthwise); older directories as kernels of their own
+    fused_depthwise: bool = False
 
     @property
     def form(self) -> KernelForm:

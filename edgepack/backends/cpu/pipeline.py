@@ -3,7 +3,9 @@ builds, MetaSchedule's records applied first.
 
     dispatch, legalize, fuse         convolutions channels-last (NHWC), 3x3 ones as Winograd kernels
                                      (``winograd.py``), output channels padded to whole vectors
-                                     (``channels.py``), weights marked layout-free
+                                     (``channels.py``), depthwise convolutions fused into the 1x1
+                                     convolution after them (``fuse_depthwise.py``), weights marked
+                                     layout-free
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
     weight layouts folded            each kernel's weight rewrite runs once, here, on the constants
@@ -18,6 +20,7 @@ from typing import Any
 
 from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_output_channels
+from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.weights import fold_constant_calls
@@ -36,7 +39,8 @@ def _cpu_passes():
 
 
 #: How untuned builds, and new tuning directories, form their kernels.
-UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, padded_channels=True)
+UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, padded_channels=True,
+                          fused_depthwise=True)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -54,6 +58,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     channels become Winograd kernels (``winograd.py``) with output tiles of up to that size: F(2x2, 3x3)
     2.25x fewer multiplies, F(4x4, 3x3) 4x. ``form.padded_channels`` (channels-last only): convolutions
     whose output channels the SIMD width does not divide compute a few more and crop them (``channels.py``).
+    ``form.fused_depthwise`` (channels-last only): a depthwise convolution and the 1x1 convolution that
+    reads it are one kernel (``fuse_depthwise.py``).
     """
     from tvm import relax
 
@@ -65,7 +71,11 @@ def prepare_passes(target, form: KernelForm) -> list:
     if form.channels_last and form.padded_channels:
         layout.append(pad_output_channels(CpuInfo.of(target).lanes(32)))
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
-    legalize = [fold_constant_calls() if p.info.name == "FoldConstant" else p for p in cpu.legalize_passes(target)]
+    legalize = []
+    for p in cpu.legalize_passes(target):
+        if p.info.name == "FuseTIR" and form.channels_last and form.fused_depthwise:
+            legalize.append(fuse_depthwise_pointwise(CpuInfo.of(target)))
+        legalize.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
     return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
 
 

@@ -10,6 +10,7 @@ loop nest and is named in the build's schedule report (``edgepack compile`` prin
 from __future__ import annotations
 
 from edgepack.backends.cpu.schedules.conv import Conv2D
+from edgepack.backends.cpu.schedules.fused import DepthwisePointwise
 from edgepack.backends.cpu.schedules.injective import Injective
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.matmul import Matmul
@@ -21,8 +22,19 @@ from edgepack.backends.cpu.schedules.winograd import WinogradInput, WinogradOutp
 
 def default_rules() -> list[CpuRule]:
     """The rules in the order they are tried."""
-    return [Conv2D(), Matmul(), Pool(), Reduction(), WinogradInput(), WinogradOutput(), Injective()]
+    return [Conv2D(), DepthwisePointwise(), Matmul(), Pool(), Reduction(), WinogradInput(), WinogradOutput(), Injective()]
 
 
-__all__ = ["Conv2D", "CpuInfo", "CpuRule", "Injective", "Matmul", "Pool", "Reduction", "WinogradInput", "WinogradOutput",
-           "default_rules"]
+__all__ = [
+    "Conv2D",
+    "CpuInfo",
+    "CpuRule",
+    "DepthwisePointwise",
+    "Injective",
+    "Matmul",
+    "Pool",
+    "Reduction",
+    "WinogradInput",
+    "WinogradOutput",
+    "default_rules",
+]

@@ -112,7 +112,7 @@ def is_spatial(sch, block) -> bool:
     return all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(block).iter_vars)
 
 
-def _is_padding(sch, block) -> bool:
+def is_padding(sch, block) -> bool:
     """A spatial block that copies its input or a constant at the border (``T.if_then_else``)."""
     import tvm
     from tvm import tirx
@@ -219,8 +219,6 @@ def reduction_anatomy(sch) -> Anatomy | None:
 
     None for kernels of another shape: no or several reductions, producers that cannot be inlined,
     symbolic extents."""
-    from tvm import tirx
-
     blocks = child_blocks(sch)
     reductions = [i for i, b in enumerate(blocks) if not is_spatial(sch, b)]
     if len(reductions) != 1 or not all(stores_one_value(sch, b) for b in blocks):
@@ -229,13 +227,21 @@ def reduction_anatomy(sch) -> Anatomy | None:
     block = blocks[index]
     pads = []
     for producer in blocks[:index]:
-        if _is_padding(sch, producer):
+        if is_padding(sch, producer):
             pads.append(producer)
             continue
         try:
             sch.compute_inline(producer)
         except Exception:  # noqa: BLE001 - a producer read twice or in another shape: not this form
             return None
+    return anatomy_of(sch, block, pads, list(blocks[index + 1:]))
+
+
+def anatomy_of(sch, block, pads: list[Any] | None = None, after: list[Any] | None = None) -> Anatomy | None:
+    """The anatomy of the reduction ``block`` as it reads now (its producers inlined as the caller
+    chose), None where its loops are not bound one to one or it is not a reduction over a tensor."""
+    from tvm import tirx
+
     if not trivially_bound(sch, block):
         return None
     stmt = sch.get(block)
@@ -250,7 +256,7 @@ def reduction_anatomy(sch) -> Anatomy | None:
 
     output = stmt.writes[0]
     return Anatomy(
-        block=block, after=list(blocks[index + 1:]), pads=pads, iter_vars=ivars, spatial=spatial, reduce=reduce,
+        block=block, after=list(after or []), pads=list(pads or []), iter_vars=ivars, spatial=spatial, reduce=reduce,
         extents=[int(iv.dom.extent.value) for iv in ivars],
         output_axes=[var_of(r.min) for r in output.region],
         reads=[Read(r.source, [x.min for x in r.region]) for r in stmt.reads if not r.source.same_as(output.source)],

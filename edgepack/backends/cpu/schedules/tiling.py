@@ -17,8 +17,10 @@ folds the rewrite into the constants), so every weight load is one contiguous ve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import gcd, prod
+from typing import Any
 
 from edgepack.backends.cpu.schedules.anatomy import (
     Anatomy,
@@ -81,17 +83,27 @@ def vector_lanes(span: int, lanes: int) -> int:
     return max(d for d in divisors(span) if d <= lanes)
 
 
+def depthwise_accumulators(cpu: CpuInfo) -> int:
+    """Accumulators of a depthwise tile: 14 of AVX-512's or NEON's 32 registers, 7 of 16. Each input
+    vector of a depthwise convolution serves one output vector per tap, so a tile of few pixels loads
+    almost once per multiply-add; more pixels in a row share taps (3x3, stride 1: 1.0 loads per
+    multiply-add for 2 pixels, 0.57 for 7). On a Zen 4 core, at 12 accumulators the tile was 6 vectors
+    of 2 pixels, at 14 it is 2 vectors of 7: MobileNetV2's 14x14x384 3x3 124 -> 86 us in the model,
+    28x28x192 128 -> 84, 14x14x576 114 -> 64; 24 accumulators ran 15-100% slower (they spill)."""
+    return cpu.accumulators * 7 // 12
+
+
 def choose_tile(vector_extent: int, register_extent: int, lanes: int, cpu: CpuInfo,
                 group: int | None = None, *, depthwise: bool = False, streamed: bool = False) -> Tile:
     """Lanes, vectors and repeats that divide their axes and fit the registers (the accumulators, the
     weight vectors of one step and an input): the most accumulators (latency hidden, fewest loop
     trips), then the fewest loads per multiply-add (balanced). ``depthwise`` (no reduction over
-    channels: every input is a vector load of its own) halves the accumulators: on a Zen 4 core a
-    depthwise 3x3 tile of 12 ran 15-100% faster than one of 24. A depthwise tile whose output is
+    channels: every input is a vector load of its own) has fewer accumulators
+    (``depthwise_accumulators``). A depthwise tile whose output is
     ``streamed`` (``STREAMED_OUTPUT_BYTES``) spans every channel when they fit those accumulators."""
     span = group if group else vector_extent  # a vector must not cross a convolution group
     simd = vector_lanes(span, lanes)
-    budget = cpu.accumulators // 2 if depthwise else cpu.accumulators
+    budget = depthwise_accumulators(cpu) if depthwise else cpu.accumulators
     whole = span // simd
     if depthwise and streamed and span == vector_extent and whole <= budget \
             and whole + 2 <= cpu.vector_registers:
@@ -113,8 +125,13 @@ def choose_tile(vector_extent: int, register_extent: int, lanes: int, cpu: CpuIn
     return best[1]
 
 
-def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None) -> None:
-    """Schedule ``anatomy``'s kernel as the loop nest in the module docstring (in place)."""
+def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None, *,
+                  at_tile: Callable[[Any], None] | None = None) -> None:
+    """Schedule ``anatomy``'s kernel as the loop nest in the module docstring (in place).
+
+    ``at_tile(loop)``: places what is computed once per tile of pixels (a fused depthwise convolution's
+    output) under the parallel loop of pixel tiles; the loop over tiles of output channels then runs
+    inside it, serially, so that every channel tile reads what ``at_tile`` computed."""
     block = anatomy.block
     vector, register = anatomy.vector_axis, anatomy.register_axis
     if vector is None:
@@ -140,19 +157,23 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
     # threads then split the rows, as in the kernels before and after it, and each finds the pixels it
     # reads in its own core's cache (MobileNetV2 at 2 threads ~4% faster, SqueezeNet 3-5%)
     tiles = others[1:] + ([r_outer] if r_outer is not None else [])
-    if anatomy.window and (anatomy.channel_reduction == 1 or _pixels_outweigh_weights(anatomy)):
+    channel_tiles = []  # a serial loop of its own inside the tile of pixels (``at_tile``)
+    if at_tile is not None:
+        outer, channel_tiles = others[:1] + tiles, [v_outer]
+    elif anatomy.window and (anatomy.channel_reduction == 1 or _pixels_outweigh_weights(anatomy)):
         outer = others[:1] + tiles + [v_outer]
     else:
         outer = others[:1] + [v_outer] + tiles
     reductions = [loops[k] for k in anatomy.reduce]
-    sch.reorder(*outer, *reductions, *inner)
+    sch.reorder(*outer, *channel_tiles, *reductions, *inner)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     if (static_extent(sch, fused) or 1) > 1 and prod(anatomy.extents) >= PARALLEL_MIN_MULTIPLY_ADDS:
         sch.parallel(fused)
+    tile_loop = channel_tiles[0] if channel_tiles else fused  # where one register tile's output is stored
 
     # accumulate in registers; the epilogue (every elementwise block after) runs once per tile
     write_back = sch.cache_write(block, 0, "local")
-    _inline_epilogue(sch, write_back)
+    inline_epilogue(sch, write_back)
     consumers = sch.get_consumers(write_back)
     cropped = len(consumers) == 1 and _crops(_output_shape(sch, write_back), _output_shape(sch, consumers[0]))
     if cropped:
@@ -160,9 +181,11 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
         # of the tile straight from the accumulators, the epilogue after it fused in
         write_back = consumers[0]
         sch.compute_inline(sch.get_producers(write_back)[0])
-        _inline_epilogue(sch, write_back)
-    sch.reverse_compute_at(write_back, fused)
+        inline_epilogue(sch, write_back)
+    sch.reverse_compute_at(write_back, tile_loop)
     place_padding(sch, anatomy, fused, cpu)
+    if at_tile is not None:
+        at_tile(fused)
 
     body = sch.get_loops(block)
     if tile.lanes > 1:
@@ -173,7 +196,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None)
     if anatomy.window and anatomy.channel_reduction == 1:  # depthwise: the window unrolled, so that the
         for loop in reductions:  # taps of neighbouring pixels share their loads (and bounds checks):
             sch.unroll(loop)  # Zen 4, BlazeFace's 64x64x24 3x3 0.056 -> 0.051 ms, MobileNetV2's 7x7x960 0.027 -> 0.025
-    tile_loops = sch.get_loops(write_back)[1:]
+    tile_loops = sch.get_loops(write_back)[2 if channel_tiles else 1:]  # the write-back's own loops
     if tile_loops and cropped:  # rows of the kept channels: vectors that divide them, row by row
         row = static_extent(sch, tile_loops[-1]) or 1
         lanes = vector_lanes(row, cpu.lanes(anatomy.dtype_bits))
@@ -209,7 +232,7 @@ def _pixels_outweigh_weights(anatomy: Anatomy) -> bool:
     return sizes[True] > sizes[False]
 
 
-def _inline_epilogue(sch, block) -> None:
+def inline_epilogue(sch, block) -> None:
     """Fold the chain of elementwise blocks after ``block`` into it. Only blocks of its own output
     shape: TVM folds a crop into its producer without bounds (writing past the cropped buffer)."""
     while len(consumers := sch.get_consumers(block)) == 1:
