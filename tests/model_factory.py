@@ -5,6 +5,44 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _save_opset17(graph, path: Path) -> Path:
+    """Save a test graph as a checked opset-17 ONNX model (IR version 8)."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+class _ConvLayers:
+    """Convolutions with random weights and biases, each optionally followed by a ReLU6 (Clip 0..6)."""
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+        from onnx import numpy_helper
+
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list = []
+        self.inits = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+
+    def conv(self, x: str, name: str, out: int, inp: int, k: int, group: int = 1, stride: int = 1,
+             relu6: bool = True) -> str:
+        import numpy as np
+        from onnx import helper, numpy_helper
+
+        w = self.rng.normal(0, np.sqrt(2.0 / (inp // group * k * k)), (out, inp // group, k, k)).astype(np.float32)
+        self.inits.extend([numpy_helper.from_array(w, name + "_w"),
+                           numpy_helper.from_array(self.rng.normal(0, 0.1, out).astype(np.float32), name + "_b")])
+        self.nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
+                                           pads=[k // 2] * 4, group=group, strides=[stride, stride]))
+        if not relu6:
+            return name
+        self.nodes.append(helper.make_node("Clip", [name, "lo", "hi"], [name + "_relu6"]))
+        return name + "_relu6"
+
 def onnx_with_unsupported_ops(path: Path) -> Path:
     """An ONNX graph with a vendor-domain op (x2) that no converter knows."""
     import onnx
@@ -185,7 +223,6 @@ def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
     padding 1 (and a ReLU; 4x4 tiles, 8x8), then 48 -> 40 without padding (5x6 out: 2x2 tiles, 6x6).
     Input ``x`` [2, 32, 7, 8], output ``y`` [2, 40, 5, 6]."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -199,11 +236,7 @@ def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
         nodes, "winograd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 7, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40, 5, 6])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(bias, "b2")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    return _save_opset17(graph, path)
 
 
 def onnx_odd_channels(path: Path, *, seed: int = 0) -> Path:
@@ -213,7 +246,6 @@ def onnx_odd_channels(path: Path, *, seed: int = 0) -> Path:
     NCHW transpose of the model's output). Input ``x`` [1, 16, 9, 10]; outputs ``y`` [1, 1001, 9, 10] and
     ``features`` [1, 21, 9, 10]."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -234,45 +266,24 @@ def onnx_odd_channels(path: Path, *, seed: int = 0) -> Path:
         nodes, "odd_channels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 9, 10])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1001, 9, 10]),
          helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 21, 9, 10])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    return _save_opset17(graph, path)
 
 
 def onnx_streamed_depthwise(path: Path, *, seed: int = 0) -> Path:
     """Depthwise convolutions whose outputs are larger than a cache holds (over 1 MiB), which edgepack
     tiles to write whole pixels: 32 channels 3x3 at 96x96, a 1x1 convolution 32 -> 144 and 144 channels
     3x3 of stride 2 (48x48x144), each with a ReLU6. Input ``x`` [1, 32, 96, 96]; output ``y`` [1, 144, 48, 48]."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    rng = np.random.default_rng(seed)
-    inits, nodes = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")], []
-
-    def conv(x: str, name: str, out: int, inp: int, k: int, group: int = 1, stride: int = 1) -> str:
-        w = rng.normal(0, np.sqrt(2.0 / (inp // group * k * k)), (out, inp // group, k, k)).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, name + "_w"),
-                      numpy_helper.from_array(rng.normal(0, 0.1, out).astype(np.float32), name + "_b")])
-        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
-                                      pads=[k // 2] * 4, group=group, strides=[stride, stride]))
-        nodes.append(helper.make_node("Clip", [name, "lo", "hi"], [name + "_relu6"]))
-        return name + "_relu6"
-
-    x = conv("x", "dw32", 32, 32, 3, group=32)
-    x = conv(x, "expand", 144, 32, 1)
-    x = conv(x, "dw144", 144, 144, 3, group=144, stride=2)
-    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    layers = _ConvLayers(seed)
+    x = layers.conv("x", "dw32", 32, 32, 3, group=32)
+    x = layers.conv(x, "expand", 144, 32, 1)
+    x = layers.conv(x, "dw144", 144, 144, 3, group=144, stride=2)
+    layers.nodes.append(helper.make_node("Identity", [x], ["y"]))
     graph = helper.make_graph(
-        nodes, "streamed_depthwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 96, 96])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 144, 48, 48])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+        layers.nodes, "streamed_depthwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 96, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 144, 48, 48])], layers.inits)
+    return _save_opset17(graph, path)
 
 
 def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
@@ -284,7 +295,6 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     batched matmul of two activations. Outputs: ``logits`` [1, 10] (softmax),
     ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W]."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -334,11 +344,7 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
          helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 24, half, half]),
          helper.make_tensor_value_info("attention", TensorProto.FLOAT, [1, 4, 6, 6]),
          helper.make_tensor_value_info("normed", TensorProto.FLOAT, [1, 24, half * half])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+    return _save_opset17(graph, path)
 
 def onnx_with_scalar_input(path: Path, length: int = 8) -> Path:
     """A float input ``x`` [1, length] and a scalar (0-d) int64 sample rate ``sr``, used the way
@@ -426,49 +432,32 @@ def onnx_depthwise_pointwise(path: Path, *, seed: int = 0) -> Path:
     tile (640 channels at 7x7: kept as two kernels). Input ``x`` [1, 16, 28, 28]; outputs ``y``
     [1, 36, 14, 14] and ``z`` [1, 16, 7, 7]."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(seed)
-    inits, nodes = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")], []
-
-    def conv(x: str, name: str, out: int, inp: int, k: int, group: int = 1, stride: int = 1, act: str = "") -> str:
-        w = rng.normal(0, np.sqrt(2.0 / (inp // group * k * k)), (out, inp // group, k, k)).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, name + "_w"),
-                      numpy_helper.from_array(rng.normal(0, 0.1, out).astype(np.float32), name + "_b")])
-        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], kernel_shape=[k, k],
-                                      pads=[k // 2] * 4, group=group, strides=[stride, stride]))
-        if act == "relu6":
-            nodes.append(helper.make_node("Clip", [name, "lo", "hi"], [name + "_relu6"]))
-            return name + "_relu6"
-        return name
-
+    layers = _ConvLayers(seed)
+    conv, nodes = layers.conv, layers.nodes
     # MobileNetV2: expand, depthwise, project + residual; then a block with a stride-2 depthwise
-    h = conv("x", "expand1", 48, 16, 1, act="relu6")
-    h = conv(h, "dw1", 48, 48, 3, group=48, act="relu6")
-    h = conv(h, "project1", 16, 48, 1)
+    h = conv("x", "expand1", 48, 16, 1)
+    h = conv(h, "dw1", 48, 48, 3, group=48)
+    h = conv(h, "project1", 16, 48, 1, relu6=False)
     nodes.append(helper.make_node("Add", ["x", h], ["block1"]))
-    h = conv("block1", "expand2", 48, 16, 1, act="relu6")
-    h = conv(h, "dw2", 48, 48, 3, group=48, stride=2, act="relu6")
-    b2 = conv(h, "project2", 24, 48, 1)
+    h = conv("block1", "expand2", 48, 16, 1)
+    h = conv(h, "dw2", 48, 48, 3, group=48, stride=2)
+    b2 = conv(h, "project2", 24, 48, 1, relu6=False)
     # BlazeFace: depthwise (no activation), 1x1 to more channels, the input zero-padded as the residual
-    h = conv(b2, "dw3", 24, 24, 3, group=24)
-    h = conv(h, "project3", 36, 24, 1)
-    inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 12, 0, 0], np.int64), "channel_pads"))
+    h = conv(b2, "dw3", 24, 24, 3, group=24, relu6=False)
+    h = conv(h, "project3", 36, 24, 1, relu6=False)
+    layers.inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 12, 0, 0], np.int64), "channel_pads"))
     nodes += [helper.make_node("Pad", [b2, "channel_pads"], ["padded"]),
               helper.make_node("Add", [h, "padded"], ["sum3"]),
               helper.make_node("Relu", ["sum3"], ["y"])]
     # too wide to fuse: 640 channels a pixel
-    h = conv("y", "expand4", 640, 36, 1, act="relu6")
-    h = conv(h, "pool4", 640, 640, 3, group=640, stride=2, act="relu6")
-    h = conv(h, "dw4", 640, 640, 3, group=640, act="relu6")
-    conv(h, "z", 16, 640, 1)
+    h = conv("y", "expand4", 640, 36, 1)
+    h = conv(h, "pool4", 640, 640, 3, group=640, stride=2)
+    h = conv(h, "dw4", 640, 640, 3, group=640)
+    conv(h, "z", 16, 640, 1, relu6=False)
     graph = helper.make_graph(
         nodes, "depthwise_pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 14, 14]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 7, 7])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgepack.tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 7, 7])], layers.inits)
+    return _save_opset17(graph, path)

@@ -22,6 +22,7 @@ from edgepack.backends.cpu.schedules.anatomy import Anatomy, reduction_anatomy
 from edgepack.backends.cpu.schedules.fused import pointwise_tile
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.tiling import choose_tile
+from edgepack.errors import first_line
 
 logger = logging.getLogger("edgepack.schedules")
 
@@ -33,18 +34,23 @@ def fuse_depthwise_pointwise(cpu: CpuInfo):
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackFuseDepthwisePointwise")
     def _pass(mod, _ctx):
-        fused = 0
-        builder = relax.BlockBuilder(mod)
-        for gvar, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function) and not _is_primitive(func):
-                func, count = _fuse_in(mod, func, builder, cpu)
-                if count:
-                    builder.update_func(gvar, func)
-                    fused += count
-        if not fused:
+        try:
+            fused = 0
+            builder = relax.BlockBuilder(mod)
+            for gvar, func in list(mod.functions_items()):
+                if isinstance(func, relax.Function) and not _is_primitive(func):
+                    func, count = _fuse_in(mod, func, builder, cpu)
+                    if count:
+                        builder.update_func(gvar, func)
+                        fused += count
+            if not fused:
+                return mod
+            result = relax.transform.DeadCodeElimination()(builder.finalize())
+        except Exception as exc:  # noqa: BLE001 - a fusion is a speed choice: the kernels stay apart
+            logger.info("kept depthwise and pointwise convolutions apart: %s", first_line(exc))
             return mod
         logger.info("%d depthwise convolution(s) fused into the pointwise convolution after them", fused)
-        return relax.transform.DeadCodeElimination()(builder.finalize())
+        return result
 
     return _pass
 
@@ -157,7 +163,7 @@ def _role(mod, func) -> tuple[str | None, Anatomy | None]:
     if anatomy is None or len(anatomy.reads) != 2 or not anatomy.window or anatomy.dtype_bits != 32 \
             or anatomy.register_axis is None or not _channels_innermost(anatomy):
         return None, None
-    if anatomy.channel_reduction == 1:
+    if anatomy.channel_reduction == 1 and _keeps_its_shape(func):
         return "depthwise", anatomy
     if all(anatomy.extents[k] == 1 or k in _channel_vars(anatomy) for k in anatomy.reduce) and _same_pixels(anatomy):
         return "pointwise", anatomy
@@ -184,6 +190,21 @@ def _anatomy(prim_func) -> Anatomy | None:
         return reduction_anatomy(s_tir.Schedule(prim_func))
     except Exception:  # noqa: BLE001 - not a kernel of this form
         return None
+
+
+def _keeps_its_shape(func) -> bool:
+    """Every kernel of the fused function writes a tensor of the function's output shape (the bias and
+    activation after a convolution, not a crop or a reshape, which the fused rule cannot store from its
+    accumulators)."""
+    import tvm_ffi
+    from tvm import relax
+
+    shape = func.ret_ty.shape if isinstance(func.ret_ty, relax.TensorType) else None
+    if shape is None:
+        return False
+    calls = [b.value for b in func.body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    return all(isinstance(c.ty, relax.TensorType) and c.ty.shape is not None
+               and tvm_ffi.structural_equal(c.ty.shape, shape) for c in calls)
 
 
 def _channel_vars(anatomy: Anatomy) -> set[int]:
