@@ -7,6 +7,9 @@ quantization, operators) and ``options`` (any builtin options table from its fie
 an int8 ADD of two branches with different scales, RESHAPE, FULLY_CONNECTED, DEQUANTIZE at the
 output). LiteRT runs it as the reference.
 
+``blazeface_block`` is a block of MediaPipe's BlazeFace that widens its channels (a depthwise and a 1x1
+convolution, the input padded with zero channels as the residual, ADD with a fused ReLU).
+
 ``fp16_pointwise_conv`` and ``bilinear_upsample`` are layers of MediaPipe's models (CONV_2D with
 float16 weights behind DEQUANTIZE; RESIZE_BILINEAR with half-pixel centres) that armv7 builds got
 wrong (docs/armv7.md).
@@ -20,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 FLOAT32, FLOAT16, INT32, INT8 = 0, 1, 2, 9
-ADD, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE, FULLY_CONNECTED, RESHAPE, RESIZE_BILINEAR, QUANTIZE = \
-    0, 3, 4, 6, 9, 22, 23, 114
+ADD, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE, FULLY_CONNECTED, PAD, RESHAPE, RESIZE_BILINEAR, QUANTIZE = \
+    0, 3, 4, 6, 9, 34, 22, 23, 114
 
 
 @dataclass
@@ -183,10 +186,10 @@ def options(table: str, **fields):
     return getattr(tflite.BuiltinOptions, table), write
 
 
-def _conv_options(depthwise: bool, relu: bool):
+def _conv_options(depthwise: bool, relu: bool, stride: int = 1):
     import tflite
 
-    common = {"Padding": tflite.Padding.SAME, "StrideW": 1, "StrideH": 1, "DilationWFactor": 1,
+    common = {"Padding": tflite.Padding.SAME, "StrideW": stride, "StrideH": stride, "DilationWFactor": 1,
               "DilationHFactor": 1, "FusedActivationFunction": 1 if relu else 0}
     if depthwise:
         return options("DepthwiseConv2DOptions", DepthMultiplier=1, **common)
@@ -295,4 +298,28 @@ def bilinear_upsample(path: Path, seed: int = 0, hw: int = 6, channels: int = 8,
     size = w.tensor("size", [2], INT32, np.array([hw * scale, hw * scale], dtype=np.int32))
     out = w.tensor("output", [1, hw * scale, hw * scale, channels], FLOAT32)
     w.op(RESIZE_BILINEAR, [x, size], [out], options("ResizeBilinearOptions", AlignCorners=False, HalfPixelCenters=True))
+    return w.write(path, [x], [out])
+
+
+def blazeface_block(path: Path, seed: int = 0, hw: int = 32, cin: int = 24, cout: int = 28) -> Path:
+    """input f32 [1,hw,hw,cin] -> DEPTHWISE_CONV_2D 3x3 -> CONV_2D 1x1 to ``cout`` channels, plus the input
+    PADded with zero channels to ``cout``; ADD with a fused ReLU -> output f32 [1,hw,hw,cout]: BlazeFace's
+    block that widens its channels (28 output channels, which edgepack computes as 32 on AVX-512 and
+    crops)."""
+    rng = np.random.default_rng(seed)
+    w = TFLiteWriter()
+    x = w.tensor("input", [1, hw, hw, cin], FLOAT32)
+    dw_w = w.tensor("dw_w", [1, 3, 3, cin], FLOAT32, rng.normal(0, 0.3, (1, 3, 3, cin)).astype(np.float32))
+    dw_b = w.tensor("dw_b", [cin], FLOAT32, rng.normal(0, 0.1, cin).astype(np.float32))
+    dw = w.tensor("dw", [1, hw, hw, cin], FLOAT32)
+    w.op(DEPTHWISE_CONV_2D, [x, dw_w, dw_b], [dw], _conv_options(True, relu=False))
+    pw_w = w.tensor("pw_w", [cout, 1, 1, cin], FLOAT32, rng.normal(0, 0.3, (cout, 1, 1, cin)).astype(np.float32))
+    pw_b = w.tensor("pw_b", [cout], FLOAT32, rng.normal(0, 0.1, cout).astype(np.float32))
+    pw = w.tensor("pw", [1, hw, hw, cout], FLOAT32)
+    w.op(CONV_2D, [dw, pw_w, pw_b], [pw], _conv_options(False, relu=False))
+    pads = w.tensor("pads", [4, 2], INT32, np.array([[0, 0], [0, 0], [0, 0], [0, cout - cin]], dtype=np.int32))
+    padded = w.tensor("padded", [1, hw, hw, cout], FLOAT32)
+    w.op(PAD, [x, pads], [padded], _simple_options("PadOptions"))
+    out = w.tensor("output", [1, hw, hw, cout], FLOAT32)
+    w.op(ADD, [pw, padded], [out], options("AddOptions", FusedActivationFunction=1))
     return w.write(path, [x], [out])

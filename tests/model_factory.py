@@ -426,11 +426,11 @@ def onnx_with_data_dependent_outputs(path: Path) -> Path:
 def onnx_depthwise_pointwise(path: Path, *, seed: int = 0) -> Path:
     """Depthwise convolutions followed by 1x1 convolutions, the pairs edgepack fuses into one kernel, in
     the forms real models have them: MobileNetV2's (1x1 expand, depthwise 3x3 and ReLU6, 1x1 project with
-    a residual add; and with a depthwise stride of 2), BlazeFace's (depthwise without activation, 1x1 to
-    more channels, the input padded with zero channels as the residual, ReLU; 36 output channels, which
-    edgepack pads to whole SIMD vectors and crops), and a depthwise convolution too wide for the fused
-    tile (640 channels at 7x7: kept as two kernels). Input ``x`` [1, 16, 28, 28]; outputs ``y``
-    [1, 36, 14, 14] and ``z`` [1, 16, 7, 7]."""
+    a residual add; and with a depthwise stride of 2), BlazeFace's (depthwise of stride 2 without
+    activation, 1x1 to more channels, the input max-pooled and padded with zero channels as the residual,
+    ReLU; 36 output channels, which edgepack pads to whole SIMD vectors and crops), and a depthwise
+    convolution too wide for the fused tile (640 channels at 7x7: kept as two kernels). Input ``x``
+    [1, 16, 28, 28]; outputs ``y`` [1, 36, 7, 7] and ``z`` [1, 16, 7, 7]."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -444,20 +444,21 @@ def onnx_depthwise_pointwise(path: Path, *, seed: int = 0) -> Path:
     h = conv("block1", "expand2", 48, 16, 1)
     h = conv(h, "dw2", 48, 48, 3, group=48, stride=2)
     b2 = conv(h, "project2", 24, 48, 1, relu6=False)
-    # BlazeFace: depthwise (no activation), 1x1 to more channels, the input zero-padded as the residual
-    h = conv(b2, "dw3", 24, 24, 3, group=24, relu6=False)
+    # BlazeFace: depthwise of stride 2 (no activation), 1x1 to more channels; the residual max-pooled and
+    # padded with zero channels
+    h = conv(b2, "dw3", 24, 24, 3, group=24, stride=2, relu6=False)
     h = conv(h, "project3", 36, 24, 1, relu6=False)
     layers.inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 12, 0, 0], np.int64), "channel_pads"))
-    nodes += [helper.make_node("Pad", [b2, "channel_pads"], ["padded"]),
+    nodes += [helper.make_node("MaxPool", [b2], ["pooled"], kernel_shape=[2, 2], strides=[2, 2]),
+              helper.make_node("Pad", ["pooled", "channel_pads"], ["padded"]),
               helper.make_node("Add", [h, "padded"], ["sum3"]),
               helper.make_node("Relu", ["sum3"], ["y"])]
     # too wide to fuse: 640 channels a pixel
     h = conv("y", "expand4", 640, 36, 1)
-    h = conv(h, "pool4", 640, 640, 3, group=640, stride=2)
     h = conv(h, "dw4", 640, 640, 3, group=640)
     conv(h, "z", 16, 640, 1, relu6=False)
     graph = helper.make_graph(
         nodes, "depthwise_pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 14, 14]),
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 7, 7]),
          helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 7, 7])], layers.inits)
     return _save_opset17(graph, path)

@@ -16,6 +16,7 @@ from model_factory import (
     onnx_streamed_depthwise,
     onnx_winograd_convs,
 )
+from tflite_factory import blazeface_block
 
 from edgepack.backends.cpu.schedules import CpuInfo, default_rules
 from edgepack.backends.cpu.schedules.tiling import Tile, choose_tile, depthwise_accumulators
@@ -129,8 +130,56 @@ def test_a_depthwise_convolution_and_the_pointwise_one_after_it_run_as_one_kerne
     assert len(fused) == 3 and any("strided_slice" in name and "relu" in name for name in fused), fused
     # the 640-channel depthwise convolution stays a kernel of its own: one pixel's output is 2.5 KiB, and
     # the 1x1 convolution after it would have to compute one pixel at a time to keep its tile on the stack
-    assert sum(f["schedule"] == "cpu.Conv2D" for f in report["functions"]) == 5
+    convolutions = [f["name"] for f in report["functions"] if f["schedule"] == "cpu.Conv2D"]
+    assert len(convolutions) == 4 and not any(name.count("conv2d") > 1 for name in convolutions), convolutions
     _assert_matches_reference(build, "host", threads=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def blazeface_block_model(tmp_path_factory):
+    return blazeface_block(tmp_path_factory.mktemp("blazeface") / "block.tflite")
+
+
+def test_a_cropped_tile_stores_its_whole_epilogue_from_the_accumulators(blazeface_block_model, tmp_path):
+    """BlazeFace's block that widens its channels: the 1x1 convolution's 28 channels computed as 32 and
+    cropped, then the residual input padded with zero channels, the add and the ReLU. All of it is stored
+    from the tile's accumulators: no pass over the whole tensor after the convolution (the kernel's only
+    loop nests are its weight rewrites, folded at compile time, and the parallel tile loop); left apart,
+    the pad, the add and the ReLU made BlazeFace 11% slower at 1 thread and 17% at 2."""
+    import tvm
+    from tvm import tirx
+
+    from edgepack.backends.cpu.pipeline import UNTUNED_FORM, prepare_passes
+    from edgepack.backends.scheduling import recording_schedule_pass
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+
+    target = get_profile("host").tvm_target()
+    record: dict[str, str] = {}
+    with target:
+        mod = tvm.transform.Sequential([*prepare_passes(target, UNTUNED_FORM),
+                                        recording_schedule_pass(default_rules(), record)])(
+            import_model(blazeface_block_model, {}).mod)
+    [name] = [n for n in record if "strided_slice" in n and "pad" in n and "relu" in n]
+    assert record[name] == "cpu.DepthwisePointwise", record
+    root = mod[name].body.block.body
+    nests = list(root.seq) if isinstance(root, tirx.SeqStmt) else [root]
+    assert len(nests) - _layout_rewrites(nests) == 1, mod[name].script()
+    build = compile_model(blazeface_block_model, "host", tmp_path / "host").output_dir
+    _assert_matches_reference(build, "host", threads=(1, 2))
+
+
+def _layout_rewrites(nests) -> int:
+    import tvm
+    import tvm_ffi
+
+    def rewrites(nest) -> bool:
+        found: list[bool] = []
+        tvm_ffi.structural_walk(nest, [(tvm.s_tir.SBlock, lambda b: found.append(
+            "meta_schedule.layout_rewrite_preproc" in b.annotations))], order="pre")
+        return any(found)
+
+    return sum(rewrites(nest) for nest in nests)
 
 
 def test_the_fused_tile_keeps_the_pointwise_tile_and_fits_the_stack():
@@ -165,10 +214,13 @@ def pointwise_tile_of(channels: int, pixels: int, out: int, cpu):
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
 def test_fused_depthwise_and_pointwise_convolutions_compute_the_same_under_qemu(depthwise_pointwise_model,
+                                                                                blazeface_block_model,
                                                                                 tmp_path, profile):
     build = compile_model(depthwise_pointwise_model, profile, tmp_path / profile).output_dir
     assert sum(f["schedule"] == "cpu.DepthwisePointwise" for f in _cpu_report(build)["functions"]) == 3
     _assert_matches_reference(build, "emulator", threads=(None, 2))
+    block = compile_model(blazeface_block_model, profile, tmp_path / f"{profile}-block").output_dir
+    _assert_matches_reference(block, "emulator", threads=(None, 2))
 
 
 def test_every_kernel_of_an_untuned_build_has_a_schedule_and_matches_onnxruntime(zoo, tmp_path):

@@ -29,6 +29,7 @@ from edgepack.backends.cpu.schedules.anatomy import (
     is_spatial,
     scalar_only,
     static_extent,
+    stores_one_value,
 )
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 
@@ -234,14 +235,35 @@ def _pixels_outweigh_weights(anatomy: Anatomy) -> bool:
 
 def inline_epilogue(sch, block) -> None:
     """Fold the chain of elementwise blocks after ``block`` into it. Only blocks of its own output
-    shape: TVM folds a crop into its producer without bounds (writing past the cropped buffer)."""
+    shape: TVM folds a crop into its producer without bounds (writing past the cropped buffer). A block
+    that also reads another block of the kernel (a residual padded to more channels, BlazeFace's) gets
+    that one inlined first: left apart, the pad, the add and the activation each ran as a pass over the
+    whole tensor after the convolution (BlazeFace 11% faster at 1 thread, 17% at 2, with them folded
+    into the tile's store)."""
     while len(consumers := sch.get_consumers(block)) == 1:
         if _output_shape(sch, consumers[0]) != _output_shape(sch, block):
             break
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except Exception:  # noqa: BLE001 - not elementwise on the same indices: it stays a block of its own
-            break
+        if not _folds(sch.reverse_compute_inline, consumers[0]) and not (
+                _inline_other_operands(sch, consumers[0], block) and _folds(sch.reverse_compute_inline, consumers[0])):
+            break  # not elementwise on the same indices: it stays a block of its own
+
+
+def _folds(primitive, block) -> bool:
+    """Whether the inlining ``primitive`` took ``block`` (TVM raises where its form does not allow it)."""
+    try:
+        primitive(block)
+    except Exception:  # noqa: BLE001 - a ScheduleError: the block stays as it is
+        return False
+    return True
+
+
+def _inline_other_operands(sch, consumer, block) -> bool:
+    """Inline into ``consumer`` the spatial blocks it reads besides ``block`` (a residual input padded
+    to more channels): TVM folds a block into its producer only when that is all it reads from the
+    kernel. Whether any was inlined."""
+    others = [b for b in sch.get_producers(consumer)
+              if not sch.get(b).same_as(sch.get(block)) and is_spatial(sch, b) and stores_one_value(sch, b)]
+    return sum(_folds(sch.compute_inline, other) for other in others) > 0
 
 
 def _crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
