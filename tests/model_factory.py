@@ -462,3 +462,30 @@ def onnx_depthwise_pointwise(path: Path, *, seed: int = 0) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 36, 7, 7]),
          helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 7, 7])], layers.inits)
     return _save_opset17(graph, path)
+
+
+def onnx_hardswish_convs(path: Path, *, seed: int = 0) -> Path:
+    """MobileNetV3's activation after convolutions, as PaddlePaddle exports it (PP-OCR): ``x * clip(x + 3,
+    0, 6) / 6``, which reads the convolution's output twice; after a 1x1 convolution to 88 channels (which
+    edgepack computes as 96 and crops) and after a depthwise one. Input ``x`` [1, 16, 6, 40]; output ``y``
+    [1, 88, 6, 40]."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = _ConvLayers(seed)
+    layers.inits += [numpy_helper.from_array(np.float32(3), "three"), numpy_helper.from_array(np.float32(6), "six")]
+
+    def hardswish(x: str) -> str:
+        layers.nodes.extend([helper.make_node("Add", [x, "three"], [x + "_p3"]),
+                             helper.make_node("Clip", [x + "_p3", "lo", "hi"], [x + "_c"]),
+                             helper.make_node("Mul", [x, x + "_c"], [x + "_m"]),
+                             helper.make_node("Div", [x + "_m", "six"], [x + "_hs"])])
+        return x + "_hs"
+
+    h = hardswish(layers.conv("x", "pw", 88, 16, 1, relu6=False))
+    h = hardswish(layers.conv(h, "dw", 88, 88, 3, group=88, relu6=False))
+    layers.nodes.append(helper.make_node("Identity", [h], ["y"]))
+    graph = helper.make_graph(
+        layers.nodes, "hardswish_convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 88, 6, 40])], layers.inits)
+    return _save_opset17(graph, path)

@@ -208,10 +208,19 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
         if tile.lanes > 1 and not scalar_only(sch, write_back):  # the epilogue: e.g. a fused cosh
             sch.vectorize(sch.split(flat, [None, tile.lanes])[1])
     sch.decompose_reduction(block, reductions[0])
-    nest = sch.get(fused)
-    for leftover in child_blocks(sch):  # blocks outside the tile: inputs of the epilogue (a residual
-        loops = sch.get_loops(leftover)  # padded to more channels) or what could not join it
-        if loops and not sch.get(loops[0]).same_as(nest) and is_spatial(sch, leftover):
+    def outside(b) -> bool:
+        loops = sch.get_loops(b)
+        return bool(loops) and not sch.get(loops[0]).same_as(sch.get(fused)) and is_spatial(sch, b)
+
+    # blocks outside the tile: inputs of the epilogue (a residual padded to more channels) or what could
+    # not join it (BlazeFace's max-pooled residual padded, added and ReLU'd after the pool: one pass, not three)
+    leftovers = [b for b in child_blocks(sch) if outside(b)]
+    for leftover in leftovers[:-1]:
+        consumers = sch.get_consumers(leftover)
+        if len(consumers) == 1 and outside(consumers[0]) and stores_one_value(sch, leftover):
+            _folds(sch.compute_inline, leftover)
+    for leftover in child_blocks(sch):
+        if outside(leftover):
             parallel_vectorize(sch, leftover, cpu)
     rewrite_weight_layouts(sch)
 
@@ -240,12 +249,24 @@ def inline_epilogue(sch, block) -> None:
     that one inlined first: left apart, the pad, the add and the activation each ran as a pass over the
     whole tensor after the convolution (BlazeFace 11% faster at 1 thread, 17% at 2, with them folded
     into the tile's store)."""
-    while len(consumers := sch.get_consumers(block)) == 1:
+    while consumers := sch.get_consumers(block):
+        if len(consumers) > 1:  # the output read twice (hardswish: x * relu6(x + 3) / 6): each branch is
+            if not any(_folds(sch.compute_inline, c) for c in consumers  # folded into what reads it, until
+                       if _elementwise_step(sch, c, block)):  # one block reads the output
+                break
+            continue
         if _output_shape(sch, consumers[0]) != _output_shape(sch, block):
             break
         if not _folds(sch.reverse_compute_inline, consumers[0]) and not (
                 _inline_other_operands(sch, consumers[0], block) and _folds(sch.reverse_compute_inline, consumers[0])):
             break  # not elementwise on the same indices: it stays a block of its own
+
+
+def _elementwise_step(sch, candidate, block) -> bool:
+    """``candidate`` is a step of an elementwise chain after ``block``: spatial, of its shape, and read
+    by exactly one block (so that inlining it computes nothing twice)."""
+    return is_spatial(sch, candidate) and stores_one_value(sch, candidate) \
+        and _output_shape(sch, candidate) == _output_shape(sch, block) and len(sch.get_consumers(candidate)) == 1
 
 
 def _folds(primitive, block) -> bool:
