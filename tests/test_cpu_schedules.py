@@ -247,7 +247,7 @@ def pointwise_tile_of(channels: int, pixels: int, out: int, cpu):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
-def test_fused_depthwise_and_pointwise_convolutions_compute_the_same_under_qemu(depthwise_pointwise_model,
+def test_fused_kernels_and_their_epilogues_compute_the_same_under_qemu(depthwise_pointwise_model,
                                                                                 blazeface_block_model,
                                                                                 tmp_path, profile):
     build = compile_model(depthwise_pointwise_model, profile, tmp_path / profile).output_dir
@@ -255,6 +255,9 @@ def test_fused_depthwise_and_pointwise_convolutions_compute_the_same_under_qemu(
     _assert_matches_reference(build, "emulator", threads=(None, 2))
     block = compile_model(blazeface_block_model, profile, tmp_path / f"{profile}-block").output_dir
     _assert_matches_reference(block, "emulator", threads=(None, 2))
+    hardswish = onnx_hardswish_convs(tmp_path / "hardswish.onnx")
+    _assert_matches_reference(compile_model(hardswish, profile, tmp_path / f"{profile}-hardswish").output_dir,
+                              "emulator", threads=(None, 2))
 
 
 def test_every_kernel_of_an_untuned_build_has_a_schedule_and_matches_onnxruntime(zoo, tmp_path):
