@@ -208,12 +208,20 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
         if tile.lanes > 1 and not scalar_only(sch, write_back):  # the epilogue: e.g. a fused cosh
             sch.vectorize(sch.split(flat, [None, tile.lanes])[1])
     sch.decompose_reduction(block, reductions[0])
+    schedule_leftovers(sch, fused, cpu)
+    rewrite_weight_layouts(sch)
+
+
+def schedule_leftovers(sch, nest, cpu: CpuInfo) -> None:
+    """The spatial blocks outside the tile loop ``nest``: inputs of the epilogue (a residual padded to more
+    channels) or what could not join it (BlazeFace's max-pooled residual padded, added and ReLU'd after
+    the pool). A chain of them is folded into its last block, one pass rather than one per operator;
+    each pass runs in parallel, vectorized."""
+
     def outside(b) -> bool:
         loops = sch.get_loops(b)
-        return bool(loops) and not sch.get(loops[0]).same_as(sch.get(fused)) and is_spatial(sch, b)
+        return bool(loops) and not sch.get(loops[0]).same_as(sch.get(nest)) and is_spatial(sch, b)
 
-    # blocks outside the tile: inputs of the epilogue (a residual padded to more channels) or what could
-    # not join it (BlazeFace's max-pooled residual padded, added and ReLU'd after the pool: one pass, not three)
     leftovers = [b for b in child_blocks(sch) if outside(b)]
     for leftover in leftovers[:-1]:
         consumers = sch.get_consumers(leftover)
@@ -222,7 +230,6 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     for leftover in child_blocks(sch):
         if outside(leftover):
             parallel_vectorize(sch, leftover, cpu)
-    rewrite_weight_layouts(sch)
 
 
 def _output_bytes(anatomy: Anatomy) -> int:
