@@ -219,9 +219,10 @@ def onnx_passthrough(path: Path, shape: tuple[int, ...], *, name: str = "input",
 
 def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
     """Two 3x3 convolutions of stride 1 that edgepack runs as Winograd kernels, one F(4x4, 3x3) and one
-    F(2x2, 3x3), in shapes whose tiles overhang the output: batch 2, 7x8 pixels, 32 -> 48 channels with
-    padding 1 (and a ReLU; 4x4 tiles, 8x8), then 48 -> 40 without padding (5x6 out: 2x2 tiles, 6x6).
-    Input ``x`` [2, 32, 7, 8], output ``y`` [2, 40, 5, 6]."""
+    F(2x2, 3x3), in shapes whose tiles overhang the output: batch 4 (16 tiles of 4x4 pixels, as many as
+    edgepack asks to share each transformed weight of F(4x4)), 7x8 pixels, 32 -> 48 channels with padding
+    1 (and a ReLU; 4x4 tiles, 8x8), then 48 -> 40 without padding (5x6 out: 2x2 tiles, 6x6). Input ``x``
+    [4, 32, 7, 8], output ``y`` [4, 40, 5, 6]."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -233,8 +234,8 @@ def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
              helper.make_node("Relu", ["a"], ["r"]),
              helper.make_node("Conv", ["r", "w2", "b2"], ["y"], kernel_shape=[3, 3])]
     graph = helper.make_graph(
-        nodes, "winograd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 7, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40, 5, 6])],
+        nodes, "winograd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32, 7, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 40, 5, 6])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(bias, "b2")])
     return _save_opset17(graph, path)
 

@@ -474,11 +474,15 @@ def test_winograd_transforms_invert_to_the_direct_convolution(tile):
 
 
 def test_winograd_picks_the_algorithm_that_multiplies_least():
+    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
     from edgepack.backends.cpu.winograd import choose
 
     assert choose(56, 56, 4).m == 4 and choose(7, 7, 4).m == 4 and choose(13, 13, 4).m == 4
     assert choose(5, 6, 4).m == 2  # 9 tiles of 16 against 4 of 36: a tie goes to the smaller tile
     assert choose(56, 56, 2).m == 2  # a tuning directory made before F(4x4, 3x3)
+    # where each transformed weight must serve 16 tiles (untuned builds): 7x7 has 4 tiles of F(4x4), 16 of F(2x2)
+    assert choose(7, 7, 4, 16).m == 2 and choose(14, 14, 4, 16).m == 4 and choose(13, 13, 4, 16).m == 4
+    assert UNTUNED_FORM.winograd_reuse == 16
 
 
 def _assert_winograd_kernels(build, caplog) -> None:
@@ -489,7 +493,7 @@ def _assert_winograd_kernels(build, caplog) -> None:
 
 
 def test_winograd_convolutions_match_onnxruntime(winograd_model, tmp_path, caplog):
-    """Tiles that overhang the output, with and without padding, batch 2: F(4x4, 3x3) for one
+    """Tiles that overhang the output, with and without padding, batch 4: F(4x4, 3x3) for one
     convolution, F(2x2, 3x3) for the other, each as its transforms' rules and a matrix product, and
     the outputs are ONNX Runtime's at 1 and 2 threads."""
     caplog.set_level(logging.INFO, logger="edgepack.schedules")

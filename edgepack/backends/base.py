@@ -86,6 +86,9 @@ class KernelForm:
     # 3x3 convolutions of stride 1 as Winograd transforms and matrix products, output tiles of at most this
     # many pixels a side (2: F(2x2, 3x3); 4: F(4x4, 3x3) where it multiplies less); 0: direct convolutions
     winograd: int = 0
+    # tiles larger than F(2x2)'s only where each transformed weight serves at least this many output tiles
+    # (0: wherever they multiply least)
+    winograd_reuse: int = 0
     # channels-last convolutions compute their output channels padded to whole SIMD vectors and crop them
     padded_channels: bool = False
     # a channels-last depthwise convolution and the 1x1 convolution that reads it are one kernel

@@ -101,6 +101,8 @@ class TuningMeta:
     # CPU 3x3 convolutions were tuned as Winograd kernels with tiles of up to this size (KernelForm.winograd);
     # directories of the first Winograd kernels wrote true (F(2x2, 3x3) only), older ones nothing (direct)
     winograd: int = 0
+    # ... and F(4x4, 3x3) only where its weights serve enough tiles (KernelForm.winograd_reuse); older: 0
+    winograd_reuse: int = 0
     # CPU convolutions were tuned with their output channels padded to whole SIMD vectors
     # (KernelForm.padded_channels); older directories without
     padded_channels: bool = False

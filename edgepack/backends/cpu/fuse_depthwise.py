@@ -163,9 +163,10 @@ def _role(mod, func) -> tuple[str | None, Anatomy | None]:
     if anatomy is None or len(anatomy.reads) != 2 or not anatomy.window or anatomy.dtype_bits != 32 \
             or anatomy.register_axis is None or not _channels_innermost(anatomy):
         return None, None
-    if anatomy.channel_reduction == 1 and _keeps_its_shape(func):
+    if anatomy.channel_reduction == 1 and _reads_at(anatomy, (3,)) and _keeps_its_shape(func):
         return "depthwise", anatomy
-    if all(anatomy.extents[k] == 1 or k in _channel_vars(anatomy) for k in anatomy.reduce) and _same_pixels(anatomy):
+    if all(anatomy.extents[k] == 1 or k in _channel_vars(anatomy) for k in anatomy.reduce) \
+            and _reads_at(anatomy, (1, 2)) and _same_size(anatomy):
         return "pointwise", anatomy
     return None, None
 
@@ -224,24 +225,29 @@ def _channels_innermost(anatomy: Anatomy) -> bool:
         and len(anatomy.output_axes) == 4
 
 
-def _same_pixels(anatomy: Anatomy) -> bool:
-    """The output pixel (h, w) reads the data at (h, w): a 1x1 convolution of stride 1, no padding."""
+def _reads_at(anatomy: Anatomy, axes: tuple[int, ...]) -> bool:
+    """Along each of ``axes`` the data is read where the output is written (its index is the output's
+    variable once the window's variables of extent 1 are 0): a depthwise convolution's channel (a depth
+    multiplier of 1), a 1x1 convolution's row and column (stride 1, no padding)."""
     import tvm
     from tvm import sym, tirx
 
     data = anatomy.reads[0]
     analyzer = sym.Analyzer()
-    for k in anatomy.reduce:  # a 1x1 window's variables are 0
+    for k in anatomy.reduce:
         analyzer.bind(anatomy.iter_vars[k].var, tvm.ir.Range(0, anatomy.extents[k]))
-    for axis in (1, 2):
+    for axis in axes:
         var = anatomy.output_axes[axis]
-        if var is None:
-            return False
         index = analyzer.simplify(data.indices[axis])
-        if not (isinstance(index, tirx.Var) and index.same_as(anatomy.iter_vars[var].var)):
+        if var is None or not (isinstance(index, tirx.Var) and index.same_as(anatomy.iter_vars[var].var)):
             return False
-    return int(data.buffer.shape[1]) == anatomy.extents[anatomy.output_axes[1]] \
-        and int(data.buffer.shape[2]) == anatomy.extents[anatomy.output_axes[2]]
+    return True
+
+
+def _same_size(anatomy: Anatomy) -> bool:
+    """The data has the output's rows and columns."""
+    data = anatomy.reads[0]
+    return all(int(data.buffer.shape[axis]) == anatomy.extents[anatomy.output_axes[axis]] for axis in (1, 2))
 
 
 def _merge(mod, producer, consumer, builder):

@@ -39,8 +39,8 @@ def _cpu_passes():
 
 
 #: How untuned builds, and new tuning directories, form their kernels.
-UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, padded_channels=True,
-                          fused_depthwise=True)
+UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, winograd_reuse=16,
+                          padded_channels=True, fused_depthwise=True)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -56,7 +56,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     (MobileNetV2's stride-2 depthwise convolution on 112x112: 0.28 ms after 64 trials in NHWC,
     0.40 ms in NCHW). ``form.winograd`` (channels-last only): 3x3 convolutions of stride 1 with enough
     channels become Winograd kernels (``winograd.py``) with output tiles of up to that size: F(2x2, 3x3)
-    2.25x fewer multiplies, F(4x4, 3x3) 4x. ``form.padded_channels`` (channels-last only): convolutions
+    2.25x fewer multiplies, F(4x4, 3x3) 4x (``form.winograd_reuse``: only where each of its transformed
+    weights serves that many tiles). ``form.padded_channels`` (channels-last only): convolutions
     whose output channels the SIMD width does not divide compute a few more and crop them (``channels.py``).
     ``form.fused_depthwise`` (channels-last only): a depthwise convolution and the 1x1 convolution that
     reads it are one kernel (``fuse_depthwise.py``).
@@ -67,7 +68,7 @@ def prepare_passes(target, form: KernelForm) -> list:
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
     layout = [_channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
-        layout.append(winograd_convolutions(form.winograd))
+        layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
     if form.channels_last and form.padded_channels:
         layout.append(pad_output_channels(CpuInfo.of(target).lanes(32)))
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once

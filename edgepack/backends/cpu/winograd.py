@@ -182,22 +182,28 @@ def suits(call, weight: np.ndarray | None) -> bool:
 OPAQUE = 8
 
 
-def choose(out_h: int, out_w: int, largest_tile: int) -> Algorithm:
+def choose(out_h: int, out_w: int, largest_tile: int, reuse: int = 0, batch: int = 1) -> Algorithm:
     """The algorithm, of those with tiles up to ``largest_tile``, that multiplies least for an output of
     ``out_h`` x ``out_w`` (whole tiles; on a tie the smaller tile: cheaper transforms, smaller rounding
-    errors). Measured on a Zen 4 core, each convolution with its transforms, F(4x4) against F(2x2):
+    errors), among those whose transformed weights serve at least ``reuse`` tiles of the ``batch``
+    (F(2x2) always qualifies). Measured on a Zen 4 core, each convolution with its transforms, F(4x4) against F(2x2):
     0.51x at 56x56, 0.54x at 28x28, 0.80x at 14x14, 0.88x at 7x7 (64 to 512 channels), 0.75x at 55x55
-    and 0.84-0.92x at 13x13 with 16 to 64 input channels."""
+    and 0.84-0.92x at 13x13 with 16 to 64 input channels. Timed alone, with its weights in cache; in a
+    model, F(4x4) at 7x7 reads 36 matrices of weights (37.7 MB for resnet50's 512 channels, 4x the
+    convolution's own) to multiply each by 4 tiles, and memory bounds it: F(2x2) there (``reuse`` 16)
+    made resnet50-light 2.5% faster at 2 threads, the same at 1."""
     def multiplies(algorithm: Algorithm) -> int:
         return algorithm.tiles(out_h) * algorithm.tiles(out_w) * algorithm.positions
 
-    usable = [a for m, a in sorted(ALGORITHMS.items()) if m <= largest_tile]
+    usable = [a for m, a in sorted(ALGORITHMS.items())
+              if m <= largest_tile and (m == 2 or batch * a.tiles(out_h) * a.tiles(out_w) >= reuse)]
     return min(usable, key=multiplies)
 
 
-def winograd_convolutions(largest_tile: int = 4):
+def winograd_convolutions(largest_tile: int = 4, reuse: int = 0):
     """A Relax module pass: every convolution that ``suits`` becomes the three Winograd kernels, with
-    output tiles of at most ``largest_tile`` (2 or 4) pixels a side."""
+    output tiles of at most ``largest_tile`` (2 or 4) pixels a side (larger than 2 only where each
+    transformed weight serves ``reuse`` tiles: ``choose``)."""
 
     def rewrite(call, weight: np.ndarray, bb):
         from tvm import relax
@@ -207,7 +213,7 @@ def winograd_convolutions(largest_tile: int = 4):
         top, left = (int(p) for p in call.attrs.padding[:2])
         batch, height, width, _channels = static_shape(call.args[0])
         _batch, out_h, out_w, _out_channels = static_shape(call)
-        algorithm = choose(out_h, out_w, largest_tile)
+        algorithm = choose(out_h, out_w, largest_tile, reuse, batch)
         m = algorithm.m
         tiles_h, tiles_w = algorithm.tiles(out_h), algorithm.tiles(out_w)
         # every window inside: rows and columns past the input's (and its padding's) are zeros
