@@ -136,6 +136,22 @@ def test_a_depthwise_convolution_and_the_pointwise_one_after_it_run_as_one_kerne
     _assert_matches_reference(build, "host", threads=(1, 2))
 
 
+def test_prepacked_weights_leave_no_instructions_behind(depthwise_pointwise_model):
+    """The weights a kernel's layout rewrite folded reach its call as constants: no tuple of them, no item
+    taken from it, is left to run on every inference."""
+    from edgepack.backends import backend_for
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+
+    profile = get_profile("host")
+    executable = backend_for(profile).build(import_model(depthwise_pointwise_model, {}), profile.tvm_target()).executable
+    program = executable.as_text()
+    assert "_prepacked" in program
+    packing = [line for line in program.splitlines()  # the model's outputs are returned as a tuple
+               if "vm.builtin.tuple_getitem" in line or ("vm.builtin.make_tuple" in line and "c[" in line)]
+    assert packing == [], program
+
+
 @pytest.fixture(scope="module")
 def blazeface_block_model(tmp_path_factory):
     return blazeface_block(tmp_path_factory.mktemp("blazeface") / "block.tflite")

@@ -101,8 +101,14 @@ def _channels_last():
 
 def weight_prepack_passes() -> list:
     """After scheduling: split each kernel's weight-layout rewrite into its own function and fold it
-    into the constant weights (so it never runs on the device)."""
-    return [_split_layout_rewrites(), fold_constant_calls()]
+    into the constant weights (so it never runs on the device). Then the bindings that passed the
+    weights on are dead (a tuple of the rewritten weights, the items taken from it): each was a VM
+    instruction per inference (MobileNetV2: 186 of its 322; without them BlazeFace ran 1-2% faster,
+    PP-OCR cls up to 4%, MobileNetV2 0.3-1.7%, at 1 and 2 threads)."""
+    from tvm import relax
+
+    return [_split_layout_rewrites(), fold_constant_calls(), relax.transform.CanonicalizeBindings(),
+            relax.transform.DeadCodeElimination()]
 
 
 def _split_layout_rewrites():
