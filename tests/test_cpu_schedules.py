@@ -404,6 +404,28 @@ NEON32 = {"kind": "llvm", "mtriple": "armv7a-linux-gnueabihf", "mattr": ["+neon"
 
 
 @pytest.mark.parametrize("spec", [AVX512, NEON64, NEON32], ids=["avx512", "neon64", "neon32"])
+def test_a_register_tile_goes_from_the_registers_to_its_output(spec):
+    """The accumulators of a tile stay in registers through its epilogue (bias, clip) to the output: no
+    array of vectors on the stack for the epilogue to read back."""
+    import re
+
+    import tvm
+    from tvm import te, topi
+
+    from edgepack.backends import get_backend
+    from edgepack.backends.cpu.schedules import Conv2D
+
+    x = te.placeholder((1, 14, 14, 96), name="x")
+    w = te.placeholder((1, 1, 96, 48), name="w")
+    func = te.create_prim_func([x, w, topi.clip(topi.nn.conv2d_nhwc(x, w, 1, 0, 1), 0.0, 6.0)])
+    target = tvm.target.Target(spec)
+    sch = Conv2D().apply(func, target)
+    assert sch is not None
+    ir = tvm.compile(sch.mod, target=target, tir_pipeline=get_backend("cpu").tir_pipeline()).mod.inspect_source("ll")
+    assert re.findall(r"alloca \[\d+ x <\d+ x float>\]", ir) == []
+
+
+@pytest.mark.parametrize("spec", [AVX512, NEON64, NEON32], ids=["avx512", "neon64", "neon32"])
 def test_register_tiles_live_on_the_stack_not_in_the_workspace_pool(spec):
     """TVM asks the runtime's workspace pool for a ``local`` buffer (a register tile's accumulators)
     once per iteration of a parallel loop, and LLVM then keeps the tile in memory; the CPU backend's TIR

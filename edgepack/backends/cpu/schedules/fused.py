@@ -13,7 +13,14 @@ from edgepack.backends.cpu.schedules.anatomy import (
 )
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
-from edgepack.backends.cpu.schedules.tiling import Tile, choose_tile, divisors, inline_epilogue, register_tile
+from edgepack.backends.cpu.schedules.tiling import (
+    Tile,
+    choose_tile,
+    divisors,
+    inline_epilogue,
+    register_tile,
+    unroll_store,
+)
 
 # the depthwise output of one tile of pixels lives on the stack (``cpu/stack.py`` keeps buffers up to
 # 16 KiB there): the pointwise tile is narrowed until it fits
@@ -107,7 +114,9 @@ def _tile_depthwise(sch, anatomy: Anatomy, stored, pixel_loop, pixels: int, cpu:
     store = [loop for loop in _loops_of_iter_vars(sch, stored, c_outer) if loop is not None]  # the tile's pixels, channels
     flat = sch.fuse(*store) if len(store) > 1 else store[0]
     if tile.lanes > 1 and (static_extent(sch, flat) or 1) % tile.lanes == 0:
-        sch.vectorize(sch.split(flat, [None, tile.lanes])[1])
+        vectors, lane = sch.split(flat, [None, tile.lanes])
+        sch.vectorize(lane)
+        unroll_store(sch, [vectors])
     sch.decompose_reduction(block, reductions[0] if reductions else p_inner)
 
 
