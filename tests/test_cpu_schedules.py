@@ -410,19 +410,30 @@ def test_a_register_tile_goes_from_the_registers_to_its_output(spec):
     import re
 
     import tvm
-    from tvm import te, topi
+    from tvm import topi
 
     from edgepack.backends import get_backend
+
+    sch, target = _scheduled_pointwise(spec, (1, 14, 14, 96), 48, lambda y: topi.clip(y, 0.0, 6.0))
+    ir = tvm.compile(sch.mod, target=target, tir_pipeline=get_backend("cpu").tir_pipeline()).mod.inspect_source("ll")
+    assert re.findall(r"alloca \[\d+ x <\d+ x float>\]", ir) == []
+
+
+def _scheduled_pointwise(spec, shape, channels: int, epilogue):
+    """A channels-last 1x1 convolution of ``shape`` to ``channels``, ``epilogue`` after it, as the
+    ``cpu.Conv2D`` rule schedules it for the target ``spec``."""
+    import tvm
+    from tvm import te, topi
+
     from edgepack.backends.cpu.schedules import Conv2D
 
-    x = te.placeholder((1, 14, 14, 96), name="x")
-    w = te.placeholder((1, 1, 96, 48), name="w")
-    func = te.create_prim_func([x, w, topi.clip(topi.nn.conv2d_nhwc(x, w, 1, 0, 1), 0.0, 6.0)])
+    x = te.placeholder(shape, name="x")
+    w = te.placeholder((1, 1, shape[-1], channels), name="w")
+    func = te.create_prim_func([x, w, epilogue(topi.nn.conv2d_nhwc(x, w, 1, 0, 1))])
     target = tvm.target.Target(spec)
     sch = Conv2D().apply(func, target)
     assert sch is not None
-    ir = tvm.compile(sch.mod, target=target, tir_pipeline=get_backend("cpu").tir_pipeline()).mod.inspect_source("ll")
-    assert re.findall(r"alloca \[\d+ x <\d+ x float>\]", ir) == []
+    return sch, target
 
 
 @pytest.mark.parametrize("spec", [AVX512, NEON64, NEON32], ids=["avx512", "neon64", "neon32"])
@@ -431,17 +442,12 @@ def test_register_tiles_live_on_the_stack_not_in_the_workspace_pool(spec):
     once per iteration of a parallel loop, and LLVM then keeps the tile in memory; the CPU backend's TIR
     pipeline gives it a stack slot (PP-OCR's 24x96 pointwise convolution: 6.9 -> 3.2 us)."""
     import tvm
-    from tvm import te, topi
+    from tvm import topi
 
     from edgepack.backends import get_backend
-    from edgepack.backends.cpu.schedules import Conv2D
 
-    x = te.placeholder((1, 24, 96, 8), name="x")
-    w = te.placeholder((1, 1, 8, 8), name="w")
-    func = te.create_prim_func([x, w, topi.nn.relu(topi.nn.conv2d_nhwc(x, w, 1, 0, 1))])
-    target = tvm.target.Target(spec)
-    sch = Conv2D().apply(func, target)
-    assert sch is not None and "T.parallel" in sch.mod.script()
+    sch, target = _scheduled_pointwise(spec, (1, 24, 96, 8), 8, topi.nn.relu)
+    assert "T.parallel" in sch.mod.script()
     pool_call = "load ptr, ptr @__TVMBackendAllocWorkspace"
     stock = tvm.compile(sch.mod, target=target).mod.inspect_source("ll")
     ours = tvm.compile(sch.mod, target=target, tir_pipeline=get_backend("cpu").tir_pipeline()).mod.inspect_source("ll")

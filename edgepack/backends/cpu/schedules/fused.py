@@ -19,7 +19,7 @@ from edgepack.backends.cpu.schedules.tiling import (
     divisors,
     inline_epilogue,
     register_tile,
-    unroll_store,
+    store_vectors,
 )
 
 # the depthwise output of one tile of pixels lives on the stack (``cpu/stack.py`` keeps buffers up to
@@ -114,9 +114,7 @@ def _tile_depthwise(sch, anatomy: Anatomy, stored, pixel_loop, pixels: int, cpu:
     store = [loop for loop in _loops_of_iter_vars(sch, stored, c_outer) if loop is not None]  # the tile's pixels, channels
     flat = sch.fuse(*store) if len(store) > 1 else store[0]
     if tile.lanes > 1 and (static_extent(sch, flat) or 1) % tile.lanes == 0:
-        vectors, lane = sch.split(flat, [None, tile.lanes])
-        sch.vectorize(lane)
-        unroll_store(sch, [vectors])
+        store_vectors(sch, flat, tile.lanes)
     sch.decompose_reduction(block, reductions[0] if reductions else p_inner)
 
 
