@@ -217,26 +217,61 @@ def onnx_passthrough(path: Path, shape: tuple[int, ...], *, name: str = "input",
     return path
 
 
-def onnx_winograd_convs(path: Path, *, seed: int = 0) -> Path:
+def onnx_winograd_convs(path: Path, *, seed: int = 0, squeeze: int = 12) -> Path:
     """Two 3x3 convolutions of stride 1 that edgepack runs as Winograd kernels, one F(4x4, 3x3) and one
     F(2x2, 3x3), in shapes whose tiles overhang the output: batch 4 (16 tiles of 4x4 pixels, as many as
     edgepack asks to share each transformed weight of F(4x4)), 7x8 pixels, 32 -> 48 channels with padding
-    1 (and a ReLU; 4x4 tiles, 8x8), then 48 -> 40 without padding (5x6 out: 2x2 tiles, 6x6). Input ``x``
-    [4, 32, 7, 8], output ``y`` [4, 40, 5, 6]."""
+    1 (and a ReLU; 4x4 tiles, 8x8), concatenated after a 1x1 convolution's ``squeeze`` channels as in
+    SqueezeNet's fire module (the concatenation fuses into the output transform; 12 channels: a SIMD
+    vector of 8 or 16 holds both inputs), then 48 + ``squeeze`` -> 40 without padding (5x6 out: 2x2
+    tiles, 6x6). Input ``x`` [4, 32, 7, 8], output ``y`` [4, 40, 5, 6]."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     w1 = rng.normal(0, np.sqrt(2.0 / (32 * 9)), (48, 32, 3, 3)).astype(np.float32)
-    w2 = rng.normal(0, np.sqrt(2.0 / (48 * 9)), (40, 48, 3, 3)).astype(np.float32)
+    we = rng.normal(0, np.sqrt(2.0 / 32), (squeeze, 32, 1, 1)).astype(np.float32)
+    w2 = rng.normal(0, np.sqrt(2.0 / ((48 + squeeze) * 9)), (40, 48 + squeeze, 3, 3)).astype(np.float32)
     bias = rng.normal(0, 0.1, 40).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["r"]),
-             helper.make_node("Conv", ["r", "w2", "b2"], ["y"], kernel_shape=[3, 3])]
+             helper.make_node("Conv", ["x", "we"], ["e"], kernel_shape=[1, 1]),
+             helper.make_node("Concat", ["e", "r"], ["c"], axis=1),
+             helper.make_node("Conv", ["c", "w2", "b2"], ["y"], kernel_shape=[3, 3])]
     graph = helper.make_graph(
         nodes, "winograd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32, 7, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 40, 5, 6])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(bias, "b2")])
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(we, "we"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(bias, "b2")])
+    return _save_opset17(graph, path)
+
+
+def onnx_fire_module(path: Path, *, seed: int = 0) -> Path:
+    """SqueezeNet's fire module at 27x27 pixels: a 1x1 squeeze (32 -> 16 channels) to a 1x1 and a 3x3
+    expansion (16 -> 64 each, ReLU), concatenated, then a 1x1 convolution (128 -> 8). The 3x3 expansion
+    runs as Winograd F(4x4, 3x3), its tiles overhang the 27 pixels, and the concatenation fuses into its
+    output transform. Input ``x`` [1, 32, 27, 27], output ``y`` [1, 8, 27, 27]."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def weights(name: str, out: int, inp: int, k: int):
+        return numpy_helper.from_array(rng.normal(0, np.sqrt(2.0 / (inp * k * k)), (out, inp, k, k))
+                                       .astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "ws"], ["s"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["s"], ["sr"]),
+             helper.make_node("Conv", ["sr", "w1"], ["e1"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["e1"], ["r1"]),
+             helper.make_node("Conv", ["sr", "w3"], ["e3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["e3"], ["r3"]),
+             helper.make_node("Concat", ["r1", "r3"], ["c"], axis=1),
+             helper.make_node("Conv", ["c", "wy"], ["y"], kernel_shape=[1, 1])]
+    graph = helper.make_graph(
+        nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 27, 27])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 27, 27])],
+        [weights("ws", 16, 32, 1), weights("w1", 64, 16, 1), weights("w3", 64, 16, 3), weights("wy", 8, 128, 1)])
     return _save_opset17(graph, path)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import gcd
+
 from edgepack.backends.cpu.schedules.anatomy import (
     child_blocks,
     is_spatial,
@@ -74,18 +76,23 @@ class WinogradOutput(CpuRule):
         for block in blocks[:-1]:
             if not sch.get(block).same_as(sch.get(transform)):
                 sch.compute_inline(block)
-        lanes = vector_lanes(whole[3], cpu.lanes(int(sch.get(transform).writes[0].source.dtype.bits)))
+        bits = int(sch.get(transform).writes[0].source.dtype.bits)
+        lanes = vector_lanes(whole[3], cpu.lanes(bits))
         batch, rows, columns, channel = (loops[i] for i in order)
+        stored_after = not sch.get(transform).same_as(sch.get(last))
         row_tiles, row = sch.split(rows, [None, tile])
         column_tiles, column = sch.split(columns, [None, tile])
         if order == CHANNELS_LAST:
-            channels, lane = sch.split(channel, [None, lanes])
-            sch.reorder(batch, row_tiles, column_tiles, channels, row, column, lane)
-            _unroll_tile(sch, row, column, lane, lanes)
+            stored = static_extent(sch, channel)
+            cuts = _concatenation_cuts(sch, last, stored)
+            store_lanes = vector_lanes(gcd(whole[3], stored, *cuts), cpu.lanes(bits))
+            store_vectors, lane = sch.split(channel, [None, store_lanes])
+            sch.reorder(batch, row_tiles, column_tiles, store_vectors, row, column, lane)
+            _unroll_tile(sch, row, column, lane, store_lanes)
         else:  # the model's NCHW output: channel by channel, the tile's pixels unrolled
             sch.reorder(batch, row_tiles, column_tiles, channel, row, column)
             _unroll_tile(sch, row, column, None, 1)
-        if not sch.get(transform).same_as(sch.get(last)):
+        if stored_after:
             # the whole tile, all channels, before the stores: a concatenation reads only some of the
             # output's channels from it, and a tile computed per output vector would be under that test
             sch.compute_at(transform, column_tiles)
@@ -94,6 +101,8 @@ class WinogradOutput(CpuRule):
             channels, lane = sch.split(channel, [None, lanes])
             sch.reorder(channels, row, column, lane)
             _unroll_tile(sch, row, column, lane, lanes)
+        if order == CHANNELS_LAST and cuts:  # each part's vectors come from one input of the concatenation
+            sch.loop_partition(store_vectors, [width // store_lanes for width in _widths(cuts)] + [None])
         if whole[0] * whole[1] * whole[2] * whole[3] >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(sch.fuse(batch, row_tiles))
         return True
@@ -115,6 +124,28 @@ def _store_order(shape: list, whole: list[int], tile: int) -> tuple[int, ...] | 
     if covers(shape[2], whole[1]) and covers(shape[3], whole[2]):
         return (0, 2, 3, 1)
     return None
+
+
+def _concatenation_cuts(sch, block, channels: int) -> list[int]:
+    """The channels where the inputs of a concatenation stored by ``block`` meet (none: no concatenation).
+    The store's vectors divide its parts, and its loop over them is partitioned there, so that which
+    input a vector comes from is known where it is stored. (Over the whole concatenation, that test stays per lane, and where the
+    tiles overhang the output TVM stored every vector lane by lane: SqueezeNet's 55x55x128 fire module
+    on a Zen 4 core 146 -> 66 us.)"""
+    from tvm import sym, tirx
+
+    stmt, analyzer = sch.get(block), sym.Analyzer()
+    var = stmt.iter_vars[-1].var
+    cuts = set()
+    for read in stmt.reads:
+        offset = analyzer.simplify(var - read.region[-1].min)
+        if isinstance(offset, tirx.IntImm):  # channel c of the output is channel c - offset of this input
+            cuts.update(cut for cut in (offset.value, offset.value + int(read.source.shape[-1])) if 0 < cut < channels)
+    return sorted(cuts)
+
+
+def _widths(cuts: list[int]) -> list[int]:
+    return [end - start for start, end in zip([0, *cuts], cuts)]
 
 
 def _unroll_tile(sch, row, column, lane, lanes: int) -> None:
