@@ -79,6 +79,19 @@ def test_register_tiles_fit_the_registers_and_divide_their_axes():
     assert choose_tile(136, 28, 16, avx512, group=34).lanes == 2  # a vector never crosses a group
 
 
+def test_a_tile_whose_weights_outgrow_l1_shares_them_among_more_pixels():
+    """resnet50-light's 14x14 256 -> 1024 1x1 convolution: 2 pixels x 8 vectors (the most accumulators)
+    read a 128 KB slice of weights per tile, from L2 at every tile; 7 pixels x 2 vectors read 32 KB, each
+    weight vector used 7 times. A short reduction keeps the tile of the most accumulators, and the rule
+    holds for every target (NEON's 16-byte vectors: 16 x 4 x 1024 x 4 bytes)."""
+    avx512, neon64 = CpuInfo("x86_64", 512, 32), CpuInfo("aarch64", 128, 32)
+    assert choose_tile(1024, 14, 16, avx512) == Tile(16, 8, 2)  # no reduction given: the most accumulators
+    assert choose_tile(1024, 14, 16, avx512, reduction=64) == Tile(16, 8, 2)  # 32 KB of weights: in L1
+    assert choose_tile(1024, 14, 16, avx512, reduction=256) == Tile(16, 2, 7)
+    assert choose_tile(256, 14, 4, neon64, reduction=1024).repeat == 7
+    assert choose_tile(1024, 2, 16, avx512, reduction=256).repeat == 2  # no longer a row to share them along: as before
+
+
 def test_a_depthwise_tile_writes_whole_pixels_where_its_output_leaves_the_cache():
     avx512, neon64, neon32 = CpuInfo("x86_64", 512, 32), CpuInfo("aarch64", 128, 32), CpuInfo("arm", 128, 16)
     # in cache: the tile that computes fastest (16 of 144 channels, 14 pixels that share their taps)

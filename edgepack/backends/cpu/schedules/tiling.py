@@ -48,6 +48,14 @@ STREAMED_OUTPUT_BYTES = 1 << 20
 # model at 2 threads). At 2^16 multiply-adds rather than 2^18, BlazeFace ran 16% faster at 2 threads and
 # PP-OCR cls 11%, both the same at 1 thread, as MobileNetV2 at both
 PARALLEL_MIN_MULTIPLY_ADDS = 1 << 16
+# A tile reads vectors x SIMD-width weights per step of its reduction, each used by its repeats. Where
+# those of the whole reduction outgrow L1 they come from L2 again at every tile, and with few repeats
+# the tile waits on L2: resnet50-light's 14x14 256 -> 1024 1x1 convolution tiled 2 pixels x 8 vectors
+# read a 128 KB slice at 32 bytes per FMA cycle, tiled 7 x 2 a 32 KB one at 9 (Zen 4, in the model, 1
+# thread: its 1x1 convolutions of 14x14 pixels 4-12% faster, its 3x3 stride-2 28x28x256 one 16%, the
+# model 3%; MetaSchedule's best record of the first one tiles 7 pixels x 1 vector)
+L1_WEIGHT_BYTES = 32 * 1024
+MIN_L2_REPEAT = 4
 PARALLEL_MIN_ELEMENTS = 1 << 14
 
 
@@ -95,10 +103,13 @@ def depthwise_accumulators(cpu: CpuInfo) -> int:
 
 
 def choose_tile(vector_extent: int, register_extent: int, lanes: int, cpu: CpuInfo,
-                group: int | None = None, *, depthwise: bool = False, streamed: bool = False) -> Tile:
+                group: int | None = None, *, depthwise: bool = False, streamed: bool = False,
+                reduction: int = 0) -> Tile:
     """Lanes, vectors and repeats that divide their axes and fit the registers (the accumulators, the
     weight vectors of one step and an input): the most accumulators (latency hidden, fewest loop
-    trips), then the fewest loads per multiply-add (balanced). ``depthwise`` (no reduction over
+    trips), then the fewest loads per multiply-add (balanced); but first, where the weights a tile
+    reads over its whole ``reduction`` outgrow L1, a tile of at least ``MIN_L2_REPEAT`` repeats.
+    ``depthwise`` (no reduction over
     channels: every input is a vector load of its own) has fewer accumulators
     (``depthwise_accumulators``). A depthwise tile whose output is
     ``streamed`` (``STREAMED_OUTPUT_BYTES``) spans every channel when they fit those accumulators."""
@@ -110,7 +121,8 @@ def choose_tile(vector_extent: int, register_extent: int, lanes: int, cpu: CpuIn
             and whole + 2 <= cpu.vector_registers:
         repeat = max(r for r in divisors(register_extent) if r <= MAX_REGISTER_REPEAT and whole * r <= budget)
         return Tile(simd, whole, repeat)
-    best: tuple[tuple[int, int], Tile] | None = None
+    element_bytes = cpu.vector_bits // 8 // lanes
+    best: tuple[tuple[bool, int, int], Tile] | None = None
     for vectors in divisors(span // simd):
         if vectors > MAX_VECTOR_REPEAT:
             break
@@ -119,7 +131,8 @@ def choose_tile(vector_extent: int, register_extent: int, lanes: int, cpu: CpuIn
             if repeat > MAX_REGISTER_REPEAT or accumulators > budget \
                     or accumulators + vectors + 1 > cpu.vector_registers:
                 continue
-            key = (vectors * repeat, -(vectors + repeat))
+            waits_on_l2 = repeat < MIN_L2_REPEAT and vectors * simd * element_bytes * reduction > L1_WEIGHT_BYTES
+            key = (not waits_on_l2, vectors * repeat, -(vectors + repeat))
             if best is None or key > best[0]:
                 best = (key, Tile(simd, vectors, repeat))
     assert best is not None  # vectors = repeat = 1 always fits
@@ -140,7 +153,8 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     tile = tile or choose_tile(anatomy.extents[vector], anatomy.extents[register] if register is not None else 1,
                                cpu.lanes(anatomy.dtype_bits), cpu, anatomy.group_size(vector),
                                depthwise=anatomy.window and anatomy.channel_reduction == 1,
-                               streamed=_output_bytes(anatomy) > STREAMED_OUTPUT_BYTES)
+                               streamed=_output_bytes(anatomy) > STREAMED_OUTPUT_BYTES,
+                               reduction=prod(anatomy.extents[k] for k in anatomy.reduce) if register is not None else 0)
 
     loops = sch.get_loops(block)
     v_outer, v_vectors, v_lanes = sch.split(loops[vector], [None, tile.vectors, tile.lanes])
