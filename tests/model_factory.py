@@ -305,6 +305,26 @@ def onnx_odd_channels(path: Path, *, seed: int = 0) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_stems(path: Path, *, seed: int = 0) -> Path:
+    """First convolutions of image networks, on 3 colour channels (which make no SIMD vector), each
+    with padding and stride 2 over an odd-sized image: 3x3 -> 16 channels with a ReLU6 (MobileNetV2),
+    5x5 -> 8 (BlazeFace) and 7x7 -> 12 (ResNet). Input ``x`` [1, 3, 37, 30]; outputs ``y3`` [1, 16, 19, 15],
+    ``y5`` [1, 8, 19, 15] and ``y7`` [1, 12, 19, 15]."""
+    from onnx import TensorProto, helper
+
+    layers = _ConvLayers(seed)
+    outputs = {"y3": layers.conv("x", "stem3", 16, 3, 3, stride=2), "y5": layers.conv("x", "stem5", 8, 3, 5, stride=2),
+               "y7": layers.conv("x", "stem7", 12, 3, 7, stride=2, relu6=False)}
+    channels = {"y3": 16, "y5": 8, "y7": 12}
+    for name, x in outputs.items():
+        layers.nodes.append(helper.make_node("Identity", [x], [name]))
+    graph = helper.make_graph(
+        layers.nodes, "stems", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 37, 30])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, channels[name], 19, 15]) for name in outputs],
+        layers.inits)
+    return _save_opset17(graph, path)
+
+
 def onnx_streamed_depthwise(path: Path, *, seed: int = 0) -> Path:
     """Depthwise convolutions whose outputs are larger than a cache holds (over 1 MiB), which edgepack
     tiles to write whole pixels: 32 channels 3x3 at 96x96, a 1x1 convolution 32 -> 144 and 144 channels
