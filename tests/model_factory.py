@@ -313,14 +313,13 @@ def onnx_stems(path: Path, *, seed: int = 0) -> Path:
     from onnx import TensorProto, helper
 
     layers = _ConvLayers(seed)
-    outputs = {"y3": layers.conv("x", "stem3", 16, 3, 3, stride=2), "y5": layers.conv("x", "stem5", 8, 3, 5, stride=2),
-               "y7": layers.conv("x", "stem7", 12, 3, 7, stride=2, relu6=False)}
-    channels = {"y3": 16, "y5": 8, "y7": 12}
-    for name, x in outputs.items():
-        layers.nodes.append(helper.make_node("Identity", [x], [name]))
+    stems = [(3, 16, True), (5, 8, True), (7, 12, False)]  # window, output channels, ReLU6
+    for k, out, relu6 in stems:
+        x = layers.conv("x", f"stem{k}", out, 3, k, stride=2, relu6=relu6)
+        layers.nodes.append(helper.make_node("Identity", [x], [f"y{k}"]))
     graph = helper.make_graph(
         layers.nodes, "stems", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 37, 30])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, channels[name], 19, 15]) for name in outputs],
+        [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [1, out, 19, 15]) for k, out, _ in stems],
         layers.inits)
     return _save_opset17(graph, path)
 

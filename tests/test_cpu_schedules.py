@@ -503,6 +503,21 @@ def test_default_schedules_compute_the_same_under_qemu(zoo, tmp_path, profile):
     _assert_matches_reference(build, "emulator", threads=(None, 2))
 
 
+def _untuned_kernels(model_path, profile: str):
+    """The CPU backend, ``profile``'s target, and the kernels an untuned build of the model forms (by
+    task name), before their default schedules."""
+    from edgepack.backends import get_backend
+    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+    from edgepack.tuning import extract_tasks
+
+    backend = get_backend("cpu")
+    target = get_profile(profile).tvm_target()
+    tasks, extracted = extract_tasks(import_model(model_path, {}), backend, target, UNTUNED_FORM)
+    return backend, target, {task.name: kernel.dispatched[0] for task, kernel in zip(tasks, extracted)}
+
+
 @pytest.fixture(scope="module")
 def stems_model(tmp_path_factory):
     return onnx_stems(tmp_path_factory.mktemp("stems") / "stems.onnx")
@@ -516,21 +531,13 @@ def test_a_first_convolution_copies_its_padded_colours_unrolled(stems_model, pro
     3x3, 5x5 and 7x7 windows; host and qemu runs of the same code are the two tests after this one."""
     from tvm import tirx
 
-    from edgepack.backends import get_backend
-    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
-    from edgepack.frontends import import_model
-    from edgepack.profiles import get_profile
-    from edgepack.tuning import extract_tasks
-
-    backend = get_backend("cpu")
-    target = get_profile(profile).tvm_target()
-    tasks, extracted = extract_tasks(import_model(stems_model, {}), backend, target, UNTUNED_FORM)
+    backend, target, kernels = _untuned_kernels(stems_model, profile)
     copies = []
-    for task, kernel in zip(tasks, extracted):
-        if "conv2d" not in task.name:
+    for name, func in kernels.items():
+        if "conv2d" not in name:
             continue  # the transpositions to and from channels-last
-        rule, sch = backend.default_schedule(kernel.dispatched[0], target)
-        assert rule == "cpu.Conv2D", task.name
+        rule, sch = backend.default_schedule(func, target)
+        assert rule == "cpu.Conv2D", name
         [pad] = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.startswith("pad")]
         tile, *copy = sch.get_loops(pad)
         assert sch.get(tile).kind == tirx.ForKind.PARALLEL
@@ -630,17 +637,8 @@ def test_a_concatenating_output_transform_stores_whole_vectors(tmp_path, profile
 
     import tvm
 
-    from edgepack.backends import get_backend
-    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
-    from edgepack.frontends import import_model
-    from edgepack.profiles import get_profile
-    from edgepack.tuning import extract_tasks
-
-    backend = get_backend("cpu")
-    target = get_profile(profile).tvm_target()
-    model = import_model(onnx_fire_module(tmp_path / "fire.onnx"), {})
-    tasks, extracted = extract_tasks(model, backend, target, UNTUNED_FORM)
-    [func] = [e.dispatched[0] for t, e in zip(tasks, extracted) if "winograd_output" in t.name and "concat" in t.name]
+    backend, target, kernels = _untuned_kernels(onnx_fire_module(tmp_path / "fire.onnx"), profile)
+    [func] = [f for name, f in kernels.items() if "winograd_output" in name and "concat" in name]
     rule, sch = backend.default_schedule(func, target)
     assert rule == "cpu.WinogradOutput"
     ir = tvm.compile(sch.mod, target=target, tir_pipeline=backend.tir_pipeline()).mod.inspect_source("ll")

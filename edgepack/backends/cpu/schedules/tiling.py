@@ -354,8 +354,8 @@ def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo) -> None:
         if not loops:
             continue
         bits = max(8, int(sch.get(pad).writes[0].source.dtype.bits))
-        lanes = power_of_two_divisor(static_extent(sch, loops[-1]) or 1, cpu.lanes(bits))
         extents = [static_extent(sch, loop) for loop in loops]
+        lanes = power_of_two_divisor(extents[-1] or 1, cpu.lanes(bits))
         if lanes > 1:
             sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
         elif None not in extents and prod(extents) <= MAX_UNROLLED_PADDING:
