@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -362,6 +363,39 @@ def _wait_for_records(directory: Path, count: int, proc: subprocess.Popen, timeo
     raise AssertionError(f"fewer than {count} records after {timeout} s")
 
 
+def _interrupt(proc: subprocess.Popen, wait: float = 5.0, presses: int = 5) -> str:
+    """Ctrl-C ``proc`` as a user would: press again while it has not taken the first press. TVM's search
+    (MetaSchedule's candidate generation, in libtvm_compiler) installs a SIGINT handler of its own for
+    moments at a time, and a Ctrl-C that lands then never reaches edgepack's handler. edgepack's handler,
+    once run, leaves SIGINT to its default action (a second press stops at once): while the process still
+    catches SIGINT, the press was lost or its handler has yet to run, and pressing again is safe.
+    Returns everything ``proc`` printed."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+
+    def taken() -> bool:
+        if proc.poll() is not None or "Stopping after" in "".join(lines):
+            return True
+        try:
+            caught = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                          if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            return True  # gone
+        return not int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1))
+
+    for _ in range(presses):
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not taken():
+            time.sleep(0.1)
+        if taken():
+            break
+    proc.wait(timeout=600)
+    reader.join(timeout=60)
+    return "".join(lines)
+
+
 def _distinct_schedules(directory: Path) -> tuple[int, int]:
     """(records, distinct (kernel, scheduled program) pairs): equal when nothing was measured twice."""
     import tvm_ffi
@@ -399,8 +433,7 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     # 1. Ctrl-C once the first batch is recorded: the batch in flight is finished and recorded, exit 130
     proc = _popen_cli(*command)
     _wait_for_records(out, 1, proc)
-    proc.send_signal(signal.SIGINT)
-    text = proc.communicate(timeout=600)[0]
+    text = _interrupt(proc)
     assert proc.returncode == 130, text
     assert "Traceback" not in text and "Rerun the same command to resume" in " ".join(text.split())
     after_interrupt = (out / RECORD_FILE).read_bytes()
