@@ -365,7 +365,7 @@ def _wait_for_records(directory: Path, count: int, proc: subprocess.Popen, timeo
 
 def _interrupt(proc: subprocess.Popen, wait: float = 5.0, presses: int = 5) -> str:
     """Ctrl-C ``proc`` as a user would: press again while it has not taken the first press. TVM's search
-    (MetaSchedule's candidate generation, in libtvm_compiler) installs a SIGINT handler of its own for
+    (MetaSchedule's candidate generation) runs Z3, whose solver installs a SIGINT handler of its own for
     moments at a time, and a Ctrl-C that lands then never reaches edgepack's handler. edgepack's handler,
     once run, leaves SIGINT to its default action (a second press stops at once): while the process still
     catches SIGINT, the press was lost or its handler has yet to run, and pressing again is safe.

@@ -169,7 +169,15 @@ def _untimed_defaults(plans: list[TaskPlan], extracted, backend: Backend, target
 
 @contextlib.contextmanager
 def _stop_on_signals(control: Control, say: Progress) -> Iterator[None]:
-    """First Ctrl-C (or SIGTERM): finish and record the batch in flight, then stop. Second: stop at once."""
+    """First Ctrl-C (or SIGTERM): finish and record the batch in flight, then stop. Second: stop at once.
+
+    A Ctrl-C can be lost: TVM's arithmetic prover runs Z3, whose solver installs a SIGINT handler of its
+    own while it checks a formula (Z3's ``scoped_ctrl_c``, tens of milliseconds at a time during
+    MetaSchedule's candidate generation) and puts the previous one back afterwards. A press that lands
+    then cancels that proof and nothing else; the next press is taken as the first. Z3's switch for it
+    (the global parameter ``ctrl_c=false``) is not reachable through TVM, and blocking the signals for a
+    thread of edgepack's to take would need every thread to block them, numpy's and xgboost's included,
+    which start when they are imported."""
     import signal
 
     def handler(signum, _frame) -> None:
