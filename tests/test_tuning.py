@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ from edgepack.tuning import (
     repair_database,
     write_best_records,
 )
-from edgepack.tuning.records import RECORD_FILE, WORKLOAD_FILE
+from edgepack.tuning.records import LOCK_FILE, RECORD_FILE, WORKLOAD_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -342,7 +341,7 @@ def test_tune_refuses_what_it_cannot_measure(models, tmp_path):
 def _popen_cli(*args: str) -> subprocess.Popen:
     env = dict(os.environ, COLUMNS="200")
     return subprocess.Popen([sys.executable, "-m", "edgepack", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
 
 
 def _record_lines(directory: Path) -> int:
@@ -363,37 +362,30 @@ def _wait_for_records(directory: Path, count: int, proc: subprocess.Popen, timeo
     raise AssertionError(f"fewer than {count} records after {timeout} s")
 
 
-def _interrupt(proc: subprocess.Popen, wait: float = 5.0, presses: int = 5) -> str:
-    """Ctrl-C ``proc`` as a user would: press again while it has not taken the first press. TVM's search
-    (MetaSchedule's candidate generation) runs Z3, whose solver installs a SIGINT handler of its own for
-    moments at a time, and a Ctrl-C that lands then never reaches edgepack's handler. edgepack's handler,
-    once run, leaves SIGINT to its default action (a second press stops at once): while the process still
-    catches SIGINT, the press was lost or its handler has yet to run, and pressing again is safe.
-    Returns everything ``proc`` printed."""
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
+def _interrupt(proc: subprocess.Popen) -> str:
+    """Ctrl-C ``proc`` once, as a terminal does (SIGINT to its process group: ``_popen_cli`` starts it in a
+    session of its own), and wait for it to end; returns everything it printed. One press is enough:
+    ``edgepack tune`` passes it on to the process that tunes as SIGUSR1, which Z3 (TVM's prover, whose
+    solver takes SIGINT for moments at a time) leaves alone (``edgepack.tuning.signals``)."""
+    os.killpg(proc.pid, signal.SIGINT)
+    text, _ = proc.communicate(timeout=600)
+    return text
 
-    def taken() -> bool:
-        if proc.poll() is not None or "Stopping after" in "".join(lines):
-            return True
-        try:
-            caught = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                          if line.startswith("SigCgt:"))
-        except (OSError, StopIteration):
-            return True  # gone
-        return not int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1))
 
-    for _ in range(presses):
-        proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not taken():
-            time.sleep(0.1)
-        if taken():
-            break
-    proc.wait(timeout=600)
-    reader.join(timeout=60)
-    return "".join(lines)
+def _wait_unlocked(directory: Path, timeout: float = 30) -> None:
+    """Wait until no process holds the tuning directory's lock: a killed command's tuning process dies
+    with it, a moment later."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout
+    with open(directory / LOCK_FILE, "a+") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the tuning process outlived its command"
+                time.sleep(0.05)
 
 
 def _distinct_schedules(directory: Path) -> tuple[int, int]:
@@ -411,6 +403,45 @@ def _distinct_schedules(directory: Path) -> tuple[int, int]:
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         seen.add((tvm_ffi.structural_hash(record.workload.mod), tvm_ffi.structural_hash(sch.mod)))
     return len(records), len(seen)
+
+
+def _wait_for_output(proc: subprocess.Popen, lines: list[str], needle: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in "".join(lines):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.05)
+
+
+def test_tune_ctrl_c_before_tuning_starts_and_twice(models, tmp_path):
+    """`edgepack tune` tunes in a child process it relays Ctrl-C to (tuning.signals). Before any measurement
+    one press ends the run at once (exit 130, a clear message); two presses kill the tuning process at once
+    and the command dies of SIGINT, as a shell expects; no process is left behind either way."""
+    import threading
+
+    model = models["ppocr_cls"].path
+    for presses in (1, 2):
+        out = tmp_path / f"t{presses}"
+        proc = _popen_cli("tune", str(model), "--input-shape", "x:1,3,48,192", "-o", str(out), "--trials", "8")
+        lines: list[str] = []
+        threading.Thread(target=lambda proc=proc, lines=lines: lines.extend(proc.stdout), daemon=True).start()
+        _wait_for_output(proc, lines, "Extracting the tuning tasks")
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1, children  # the tuning process
+        for _ in range(presses):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.2)
+        proc.wait(timeout=60)
+        time.sleep(0.5)
+        text = "".join(lines)
+        assert "Traceback" not in text and "Internal error" not in text, text
+        if presses == 1:
+            assert proc.returncode == 130, text
+            assert "Tuning was interrupted" in text and "Rerun the same command to resume" in " ".join(text.split())
+        else:
+            assert proc.returncode == -signal.SIGINT, text
+            assert "Stopped at once" in text, text
+        assert not Path(f"/proc/{children[0]}").exists() or \
+            Path(f"/proc/{children[0]}/stat").read_text().split()[2] == "Z", "the tuning process outlived the command"
 
 
 @pytest.mark.slow
@@ -443,8 +474,9 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     # 2. SIGKILL in the middle of the next run: what was recorded stays, byte for byte
     proc = _popen_cli(*command)
     _wait_for_records(out, n1 + batch, proc)
-    proc.kill()
+    proc.kill()  # the command: its tuning process dies with it
     proc.wait(timeout=60)
+    _wait_unlocked(out)
     after_kill = (out / RECORD_FILE).read_bytes()
     assert after_kill.startswith(after_interrupt)
     n2 = _record_lines(out)
@@ -606,6 +638,7 @@ def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_in
     _wait_for_records(out, 4, proc, timeout=900)
     proc.kill()
     proc.wait(timeout=60)
+    _wait_unlocked(out)
     before = (out / RECORD_FILE).read_bytes()
     first = load_tuning(out)
     assert first.trials in (4, 8)

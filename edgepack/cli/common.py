@@ -21,6 +21,11 @@ InventoryOption = Annotated[
 ]
 
 
+#: The arguments ``edgepack`` was started with, set by the console entry point (``cli.main.main``); None
+#: when the Typer app is called from Python. ``edgepack tune`` reruns itself with them (``tuning.signals``).
+ENTRY_ARGV: list[str] | None = None
+
+
 def print_json(data) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
 

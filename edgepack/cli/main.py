@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 import edgepack
-from edgepack.cli import render
+from edgepack.cli import common, render
 from edgepack.cli.android import package_android_command
 from edgepack.cli.common import InputShapeOption, JsonOption, ThreadsOption, print_json
 from edgepack.cli.devices import bench, device_app, farm_app
@@ -214,6 +214,7 @@ def doctor(as_json: JsonOption = False) -> None:
 
 def main() -> None:
     """Console entry point: EdgepackErrors become one clear paragraph and an exit code, not a traceback."""
+    common.ENTRY_ARGV = sys.argv[1:]
     try:
         app()
     except EdgepackError as exc:

@@ -12,10 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 import edgepack
-from edgepack.cli import render
+from edgepack.cli import common, render
 from edgepack.cli.common import InputShapeOption, InventoryOption, JsonOption, print_json
 from edgepack.errors import EdgepackError
-from edgepack.tuning import format_duration, parse_duration
+from edgepack.tuning import format_duration, parse_duration, signals
 
 tuning_app = typer.Typer(help="Look at tuning directories made by `edgepack tune`.", no_args_is_help=True)
 
@@ -221,6 +221,9 @@ def tune(
 ) -> None:
     """Tune a model's kernels with MetaSchedule; rerun the same command to resume after any interruption."""
     budget = parse_duration(time_budget)
+    if not signals.enter_relayed() and signals.can_relay() and common.ENTRY_ARGV is not None:
+        # tunes in a process of its own, so that no Ctrl-C is lost
+        raise typer.Exit(signals.relay(common.ENTRY_ARGV, lambda line: render.err_console.print(line, highlight=False)))
     output = output or Path("tuning") / f"{profile}-{model.stem}"
     try:
         with TuningDisplay(quiet=as_json) as display:

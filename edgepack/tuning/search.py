@@ -45,6 +45,12 @@ class Control:
     interrupted: bool = False  # SIGINT/SIGTERM: finish the batch in flight, then stop
     lost: int = 0  # remote measurements lost to a dropped connection (not recorded)
     batches: int = 0  # batches of trials this run started (default schedules, measured first, are none)
+    phase: str = "preparing"  # "preparing" (nothing measured yet), "tuning", "checking" (the in-model check)
+
+    def checkpoint(self) -> None:
+        """Before tuning starts, a Ctrl-C ends the run (nothing is measured yet): raise it again here."""
+        if self.interrupted and self.phase == "preparing":
+            raise KeyboardInterrupt
 
     def expired(self) -> bool:
         # a run always starts one batch: a budget spent on setup (imports, search spaces, a slow

@@ -5,7 +5,8 @@ record; TVM's ``JSONDatabase`` closes the file after each). The runner is made b
 scheduler joins finished batches before every pick: MetaSchedule by default builds the next batch
 while the last one runs and records a batch only when it comes back to its task, so a kill could
 lose several. A run killed at any moment thus loses at most the batch in flight; Ctrl-C (or
-SIGTERM) finishes and records that batch, then stops. A rerun repairs a torn last line, counts the
+SIGTERM) finishes and records that batch, then stops (``tuning.signals``: ``edgepack tune`` tunes in a
+process of its own so that no Ctrl-C is lost). A rerun repairs a torn last line, counts the
 records per task and only measures what the budgets leave; the search strategy is wrapped so that a
 candidate whose schedule already has a record is answered from the database instead of being
 measured again (the evolutionary search starts from the best recorded schedules, so it would
@@ -81,11 +82,13 @@ from edgepack.tuning.search import (
     scheduler_class,
     warm_start,
 )
+from edgepack.tuning.signals import stop_on_signals
 from edgepack.tuning.tasks import extract_tasks
 from edgepack.versions import __version__, installed_tvm
 
 DEFAULT_TRIALS = 1000
 DEFAULT_BATCH = 16  # candidates per measurement batch: records are flushed after each batch
+LOCK_GRACE_S = 3.0  # how long a run waits for another one's lock before it says so
 @dataclass(frozen=True)
 class TaskProgress:
     name: str
@@ -149,7 +152,7 @@ ProgressSnapshots = Callable[[TuningProgress], None]
 
 
 def _untimed_defaults(plans: list[TaskPlan], extracted, backend: Backend, target, defaults: dict[str, dict],
-                     logger: logging.Logger) -> None:
+                     logger: logging.Logger, control: Control) -> None:
     """Give each plan whose default schedule (what an untuned build runs) has no time recorded for it
     that schedule to measure first: a new task, or one timed when edgepack scheduled it otherwise."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -159,44 +162,13 @@ def _untimed_defaults(plans: list[TaskPlan], extracted, backend: Backend, target
         try:
             found = default_schedule(backend, extracted[plan.index].dispatched[0], target)
         except Exception as exc:  # noqa: BLE001 - the search still runs without a baseline
+            control.checkpoint()  # or a Ctrl-C, which TVM's C++ gave back as another exception
             logger.warning("no default schedule for %s: %s", plan.task.name, exc)
             found = None
         if found is None or defaults.get(plan.task.workload, {}).get("schedule") == found.fingerprint:
             continue
         plan.default_of = found
         plan.default = MeasureCandidate(found.schedule, ArgInfo.from_entry_func(found.schedule.mod, remove_preproc=True))
-
-
-@contextlib.contextmanager
-def _stop_on_signals(control: Control, say: Progress) -> Iterator[None]:
-    """First Ctrl-C (or SIGTERM): finish and record the batch in flight, then stop. Second: stop at once.
-
-    A Ctrl-C can be lost: TVM's arithmetic prover runs Z3, whose solver installs a SIGINT handler of its
-    own while it checks a formula (Z3's ``scoped_ctrl_c``, tens of milliseconds at a time during
-    MetaSchedule's candidate generation) and puts the previous one back afterwards. A press that lands
-    then cancels that proof and nothing else; the next press is taken as the first. Z3's switch for it
-    (the global parameter ``ctrl_c=false``) is not reachable through TVM, and blocking the signals for a
-    thread of edgepack's to take would need every thread to block them, numpy's and xgboost's included,
-    which start when they are imported."""
-    import signal
-
-    def handler(signum, _frame) -> None:
-        control.interrupted = True
-        say("Stopping after the batch in flight (its results are recorded); interrupt again to stop at once")
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-
-    saved = {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            saved[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        saved = {}
-    try:
-        yield
-    finally:
-        for sig, previous in saved.items():
-            signal.signal(sig, previous)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,9 +182,17 @@ def _locked(directory: Path) -> Iterator[None]:
     path = directory / LOCK_FILE
     handle = open(path, "a+")  # noqa: SIM115 - held for the whole run
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        # a moment's grace: a tuning process killed with the command that relayed to it lets go of the
+        # lock a little after that command is gone
+        deadline = time.monotonic() + LOCK_GRACE_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
             handle.seek(0)
             owner = handle.read().strip()
             raise TuningError(
@@ -340,8 +320,29 @@ def tune_model(
     if input_shapes is None and existing is not None:
         input_shapes = {t["name"]: tuple(t["shape"]) for t in existing.inputs}
 
+    # a Ctrl-C from here on marks the run stopped (``tuning.signals``). Before tuning starts it is also a
+    # KeyboardInterrupt, which TVM's C++ gives back as a RuntimeError when it is raised inside a Python
+    # function that C++ calls (a pass, a schedule rule): checkpoints raise it again wherever such an error
+    # is caught, or where C++ swallowed it
+    control = Control(None, 0)
+    with stop_on_signals(control, say):
+        try:
+            return _prepare_and_tune(model, directory, profile, backend, place, existing, input_shapes, control,
+                                     trials=trials, time_budget_s=time_budget_s,
+                                     max_trials_per_task=max_trials_per_task, trials_per_batch=trials_per_batch,
+                                     only=tuple(only or ()), num_cores=num_cores, session_timeout=session_timeout,
+                                     seed=seed, on_progress=on_progress, say=say, started=started)
+        except Exception:
+            control.checkpoint()
+            raise
+
+
+def _prepare_and_tune(model: Path, directory: Path, profile: Profile, backend: Backend, place: Place,
+                      existing: TuningMeta | None, input_shapes, control: Control, *, num_cores: int | None,
+                      say: Progress, **run) -> TuningResult:
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes)
+    control.checkpoint()
     tuning_target = backend.tuning_target(profile, num_cores=num_cores, here=isinstance(place, ThisMachine))
     meta = _meta_for(imported, profile, backend, tuning_target, place)
     if existing is not None:
@@ -353,6 +354,7 @@ def tune_model(
         # resume the directory as it was made
         meta = replace(meta, cold_weights=existing.cold_weights, **asdict(existing.form))
     tasks, extracted = extract_tasks(imported, backend, tuning_target, meta.form)
+    control.checkpoint()
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")
     if existing is not None:
@@ -368,17 +370,12 @@ def tune_model(
         repaired = tuple(repair_database(directory))
         for line in repaired:
             say(f"Repaired the records: {line}")
-        return _run_tuning(
-            directory, profile, imported, tuning_target, tasks, extracted, place=place, trials=trials,
-            time_budget_s=time_budget_s, max_trials_per_task=max_trials_per_task,
-            trials_per_batch=trials_per_batch, only=tuple(only or ()),
-            session_timeout=session_timeout, seed=seed, on_progress=on_progress, say=say, logger=ms_logger,
-            started=started, repaired=repaired, cold_weights=meta.cold_weights,
-        )
+        return _run_tuning(directory, profile, imported, tuning_target, tasks, extracted, control, place=place,
+                           say=say, logger=ms_logger, repaired=repaired, cold_weights=meta.cold_weights, **run)
 
 
 def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuning_target, tasks: list[TuningTask],
-                extracted, *, place: Place,
+                extracted, control: Control, *, place: Place,
                 trials: int, time_budget_s: float | None, max_trials_per_task: int | None, trials_per_batch: int,
                 only: tuple[str, ...], session_timeout: float, seed: int | None, on_progress: ProgressSnapshots | None,
                 say: Progress, logger: logging.Logger, started: float, repaired: tuple[str, ...],
@@ -407,7 +404,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
         plans.append(TaskPlan(index, task, summary.trials, left, summary.best_seconds, cap))
     remaining = max(0, trials - trials_before)
     time_left = None if time_budget_s is None else max(0.0, time_budget_s - seconds_before)
-    _untimed_defaults(plans, extracted, backend_for(profile), tuning_target, defaults, logger)
+    _untimed_defaults(plans, extracted, backend_for(profile), tuning_target, defaults, logger, control)
     untimed = [p for p in plans if p.default is not None and p.task.workload in defaults]
     if untimed:  # timed again with or without trials left: until then their records are not applied
         say(f"Timing the default schedules of {len(untimed)} task(s) again: edgepack schedules them "
@@ -439,6 +436,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
 
     def finish(stopped: str, run_trials: int, skipped: int, lost: int = 0) -> TuningResult:
         if cold_weights and (run_trials > 0 or untimed) and stopped != "interrupted":  # timed on this machine
+            control.phase = "checking"
             try:
                 cores = target_dict(tuning_target).get("num-cores")
                 check_in_model(imported, profile, directory, say, (int(cores) if cores else None, 1))
@@ -477,7 +475,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
             plan.history = history_from_records(in_order.get(plan.task.workload, []), trials_per_batch)
 
         say(f"Preparing {len(active)} of {len(tasks)} tasks (MetaSchedule search spaces)")
-        control = Control(None, remaining)
+        control.left = remaining
         strategy_class = resumable_strategy_class()
         run_seed = (seed if seed is not None else 0) + runs_before * 7919 + trials_before
         contexts, schedulable = [], []
@@ -498,6 +496,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
                 try:
                     candidate.generate_design_space()
                 except Exception as exc:  # noqa: BLE001 - TVM raises ScheduleError/TVMError for gaps in its rules
+                    control.checkpoint()  # or a Ctrl-C, given back as another exception
                     logger.warning("%s search space of %s failed: %s", label, plan.task.name, exc)
                     last_error = exc
                     continue
@@ -505,6 +504,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
                     logger.warning("%s uses the %s search space", plan.task.name, label)
                 context = candidate
                 break
+            control.checkpoint()
             if context is None:
                 say(f"Skipping {plan.task.name}: MetaSchedule cannot schedule it ({first_line(last_error)}); "
                     "it keeps its untuned schedule")
@@ -517,6 +517,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
             return finish("tasks", 0, 0)
         cost_model = CostModel.create("xgb", num_tuning_cores=max(1, os.cpu_count() or 1), tree_method="auto")
         warm = warm_start(cost_model, contexts, active, known)
+        control.checkpoint()
         if warm:
             say(f"Trained the cost model on {warm} recorded measurements")
 
@@ -569,19 +570,19 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
         # (baselines, not trials) too: its limits leave room for them, and the budgets are enforced by
         # the search strategy (plan.left, control.left)
         baselines = sum(1 for p in active if p.default is not None)
-        with _stop_on_signals(control, say):
-            scheduler_class()(active, on_pick, seed=run_seed).tune(
-                tasks=contexts,
-                task_weights=[float(p.task.weight) for p in active],
-                max_trials_global=remaining + baselines,
-                max_trials_per_task=remaining + 1,
-                num_trials_per_iter=trials_per_batch,
-                builder=measurer.builder,
-                runner=blocking_runner_class()(measurer.runner),
-                measure_callbacks=callbacks,
-                database=database,
-                cost_model=cost_model,
-            )
+        control.phase = "tuning"
+        scheduler_class()(active, on_pick, seed=run_seed).tune(
+            tasks=contexts,
+            task_weights=[float(p.task.weight) for p in active],
+            max_trials_global=remaining + baselines,
+            max_trials_per_task=remaining + 1,
+            num_trials_per_iter=trials_per_batch,
+            builder=measurer.builder,
+            runner=blocking_runner_class()(measurer.runner),
+            measure_callbacks=callbacks,
+            database=database,
+            cost_model=cost_model,
+        )
         skipped = sum(p.skipped for p in active)
         if control.interrupted:
             stopped = "interrupted"
