@@ -108,7 +108,8 @@ def stop_on_signals(control: Control, say: Callable[[str], None]) -> Iterator[No
     """First Ctrl-C (or SIGTERM): mark ``control`` interrupted. Before tuning starts, also raise
     KeyboardInterrupt (nothing is measured yet; ``Control.checkpoint`` raises it again where TVM turned it
     into another exception or swallowed it); while tuning, the search finishes and records the batch in
-    flight, then stops; the check inside the model that ends a run goes on. Second: stop at once. Ctrl-C is SIGUSR1 in a relayed process (see the module docstring), SIGINT elsewhere."""
+    flight, then stops; the check inside the model that ends a run goes on. Second: stop at once.
+    Ctrl-C arrives as SIGUSR1 in a relayed process (see the module docstring), as SIGINT elsewhere."""
     press = _press
 
     def handler(_signum, _frame) -> None:

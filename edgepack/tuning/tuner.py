@@ -89,6 +89,8 @@ from edgepack.versions import __version__, installed_tvm
 DEFAULT_TRIALS = 1000
 DEFAULT_BATCH = 16  # candidates per measurement batch: records are flushed after each batch
 LOCK_GRACE_S = 3.0  # how long a run waits for another one's lock before it says so
+
+
 @dataclass(frozen=True)
 class TaskProgress:
     name: str
