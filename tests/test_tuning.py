@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -429,7 +430,7 @@ def test_tune_ctrl_c_before_tuning_starts_and_twice(models, tmp_path):
         assert len(children) == 1, children  # the tuning process
         for _ in range(presses):
             os.killpg(proc.pid, signal.SIGINT)
-            time.sleep(0.2)
+            time.sleep(0.05)
         proc.wait(timeout=60)
         time.sleep(0.5)
         text = "".join(lines)
@@ -442,6 +443,45 @@ def test_tune_ctrl_c_before_tuning_starts_and_twice(models, tmp_path):
             assert "Stopped at once" in text, text
         assert not Path(f"/proc/{children[0]}").exists() or \
             Path(f"/proc/{children[0]}/stat").read_text().split()[2] == "Z", "the tuning process outlived the command"
+
+
+def test_tune_ctrl_c_twice_in_a_terminal(models, tmp_path):
+    """In a terminal (a real pty: Ctrl-C is the terminal's, sent to the foreground process group), two
+    presses stop the command at once, and it gives back the cursor that the tuning process's progress
+    display had hidden, its last word on a line of its own."""
+    import pty
+    import select
+
+    model = models["ppocr_cls"].path
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the command, in the terminal
+        os.chdir(ROOT)
+        os.execvpe(sys.executable, [sys.executable, "-m", "edgepack", "tune", str(model), "--input-shape",
+                                    "x:1,3,48,192", "-o", str(tmp_path / "t"), "--trials", "8"],
+                   dict(os.environ, COLUMNS="120"))
+    output, pressed, deadline = b"", False, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed: the command is gone
+                break
+            if not chunk:
+                break
+            output += chunk
+        if not pressed and b"Extracting the tuning tasks" in output:
+            for _ in range(2):  # the second within the ~0.5 s the first takes to end the run, not so soon
+                os.write(master, b"\x03")  # after it that the two signals merge
+                time.sleep(0.05)
+            pressed = True
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    text = output.decode(errors="replace")
+    assert pressed, text
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, (status, text)
+    assert "Traceback" not in text and "Stopped at once" in text, text
+    assert output.rfind(b"\x1b[?25h") > output.rfind(b"\x1b[?25l"), text  # the cursor shown again
+    assert re.search(r"\n\s*Stopped at once", text), text
 
 
 @pytest.mark.slow

@@ -223,7 +223,7 @@ def tune(
     budget = parse_duration(time_budget)
     if not signals.enter_relayed() and signals.can_relay() and common.ENTRY_ARGV is not None:
         # tunes in a process of its own, so that no Ctrl-C is lost
-        raise typer.Exit(signals.relay(common.ENTRY_ARGV, lambda line: render.err_console.print(line, highlight=False)))
+        raise typer.Exit(signals.relay(common.ENTRY_ARGV, _say_after_kill))
     output = output or Path("tuning") / f"{profile}-{model.stem}"
     try:
         with TuningDisplay(quiet=as_json) as display:
@@ -275,3 +275,12 @@ def tuning_show(
     if summary.ignored_lines:
         render.console.print(f"[yellow]{summary.ignored_lines} torn or unreadable line(s) were skipped; the next "
                              "`edgepack tune` into this directory repairs them.[/]")
+
+
+def _say_after_kill(line: str) -> None:
+    """The relay's word after it killed the tuning process mid-way through a line of its progress display,
+    which had hidden the cursor."""
+    if render.console.is_terminal:
+        render.console.show_cursor(True)
+        render.console.line()
+    render.err_console.print(line, highlight=False)
