@@ -455,12 +455,18 @@ def test_tune_ctrl_c_twice_in_a_terminal(models, tmp_path):
     model = models["ppocr_cls"].path
     pid, master = pty.fork()
     if pid == 0:  # the child: the command, in the terminal
-        os.chdir(ROOT)
-        os.execvpe(sys.executable, [sys.executable, "-m", "edgepack", "tune", str(model), "--input-shape",
-                                    "x:1,3,48,192", "-o", str(tmp_path / "t"), "--trials", "8"],
-                   dict(os.environ, COLUMNS="120"))
+        try:
+            os.chdir(ROOT)
+            os.execvpe(sys.executable, [sys.executable, "-m", "edgepack", "tune", str(model), "--input-shape",
+                                        "x:1,3,48,192", "-o", str(tmp_path / "t"), "--trials", "8"],
+                       dict(os.environ, COLUMNS="120"))
+        finally:
+            os._exit(127)
     output, pressed, deadline = b"", False, time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while True:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
         if select.select([master], [], [], 0.1)[0]:
             try:
                 chunk = os.read(master, 65536)
