@@ -324,6 +324,23 @@ def onnx_stems(path: Path, *, seed: int = 0) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_strided_convs(path: Path, *, seed: int = 0) -> Path:
+    """ResNet's downsampling: 3x3 convolutions of stride 2 with padding over many channels, so that several
+    tiles of output channels read each tile of pixels: 32 -> 64 with a ReLU6 over an odd-sized input, then
+    64 -> 128, each input large enough for a parallel padding pass. Input ``x`` [1, 32, 29, 27]; output
+    ``y`` [1, 128, 8, 7]."""
+    from onnx import TensorProto, helper
+
+    layers = _ConvLayers(seed)
+    x = layers.conv("x", "down1", 64, 32, 3, stride=2)
+    x = layers.conv(x, "down2", 128, 64, 3, stride=2, relu6=False)
+    layers.nodes.append(helper.make_node("Identity", [x], ["y"]))
+    graph = helper.make_graph(
+        layers.nodes, "strided_convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 29, 27])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128, 8, 7])], layers.inits)
+    return _save_opset17(graph, path)
+
+
 def onnx_streamed_depthwise(path: Path, *, seed: int = 0) -> Path:
     """Depthwise convolutions whose outputs are larger than a cache holds (over 1 MiB), which edgepack
     tiles to write whole pixels: 32 channels 3x3 at 96x96, a 1x1 convolution 32 -> 144 and 144 channels
