@@ -569,7 +569,7 @@ def strided_model(tmp_path_factory):
 def test_an_input_that_several_channel_tiles_read_is_padded_once(strided_model, profile):
     """Each tile's padded copy of its pixels would be made again by every tile of output channels: with
     several of them, the kernel pads its input once, in a parallel, vectorized pass before its tiles
-    (resnet50-light's 3x3 stride-2 convolutions 4-13% faster on a Zen 4 core), for AVX-512, aarch64 and
+    (resnet50-light's 3x3 stride-2 convolutions 5-14% faster on a Zen 4 core), for AVX-512, aarch64 and
     armv7 NEON; host and qemu runs of the same code are the two tests after this one."""
     from tvm import tirx
 

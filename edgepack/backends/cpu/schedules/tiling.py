@@ -350,8 +350,8 @@ def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles:
     A tile's copy is made again by every tile of output channels (``channel_tiles``) that reads the same
     pixels. Where there are several and the input's channels make whole vectors, the input is padded
     once, in a pass of its own inside the kernel, and read in place without checks: resnet50-light's
-    3x3 stride-2 convolutions (4, 8 and 16 channel tiles of 128-512 channels) 4-13% faster in the model,
-    the model 0.7-1.6% at 1 and 2 threads (Zen 4, interleaved in one process). Images' 3 colours keep
+    3x3 stride-2 convolutions (4, 8 and 16 channel tiles of 128-512 channels) 5-14% faster in the model,
+    the model 0.6-1.2% at 1 and 2 threads (Zen 4, interleaved in one process). Images' 3 colours keep
     their unrolled copy: padded once, MobileNetV2's, BlazeFace's and PP-OCR cls's first convolutions
     ran 15-140% slower."""
     for pad in anatomy.pads:
