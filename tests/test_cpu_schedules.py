@@ -529,7 +529,7 @@ def test_a_first_convolution_copies_its_padded_colours_unrolled(stems_model, pro
     """3 colour channels make no SIMD vector: each tile's padded copy of the image is unrolled (straight-line
     code, its bounds checks folded per row and column), not a loop nest copying element by element
     (MobileNetV2's first convolution on a Zen 4 core: 248 -> 219 us), for AVX-512, aarch64 and armv7 NEON,
-    3x3, 5x5 and 7x7 windows; host and qemu runs of the same code are the two tests after this one."""
+    3x3, 5x5 and 7x7 windows; host and qemu runs of the same code: ``test_padded_convolutions_*``."""
     from tvm import tirx
 
     backend, target, kernels = _untuned_kernels(stems_model, profile)
@@ -548,18 +548,6 @@ def test_a_first_convolution_copies_its_padded_colours_unrolled(stems_model, pro
     assert all(copy[-1][1] == 3 for copy in copies)
 
 
-def test_first_convolutions_match_onnxruntime(stems_model, tmp_path):
-    build = compile_model(stems_model, "host", tmp_path / "host").output_dir
-    _assert_matches_reference(build, "host", threads=(1, 2))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
-def test_first_convolutions_compute_the_same_under_qemu(stems_model, tmp_path, profile):
-    build = compile_model(stems_model, profile, tmp_path / profile).output_dir
-    _assert_matches_reference(build, "emulator", threads=(None, 2))
-
-
 @pytest.fixture(scope="module")
 def strided_model(tmp_path_factory):
     return onnx_strided_convs(tmp_path_factory.mktemp("strided") / "strided.onnx")
@@ -570,7 +558,7 @@ def test_an_input_that_several_channel_tiles_read_is_padded_once(strided_model, 
     """Each tile's padded copy of its pixels would be made again by every tile of output channels: with
     several of them, the kernel pads its input once, in a parallel, vectorized pass before its tiles
     (resnet50-light's 3x3 stride-2 convolutions 5-14% faster on a Zen 4 core), for AVX-512, aarch64 and
-    armv7 NEON; host and qemu runs of the same code are the two tests after this one."""
+    armv7 NEON; host and qemu runs of the same code: ``test_padded_convolutions_*``."""
     from tvm import tirx
 
     backend, target, kernels = _untuned_kernels(strided_model, profile)
@@ -588,15 +576,20 @@ def test_an_input_that_several_channel_tiles_read_is_padded_once(strided_model, 
     assert passes == [(tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED)] * 2, passes
 
 
-def test_inputs_padded_once_match_onnxruntime(strided_model, tmp_path):
-    build = compile_model(strided_model, "host", tmp_path / "host").output_dir
+PADDED_MODELS = ["stems_model", "strided_model"]  # the two ways a tile gets its padding: copied, padded once
+
+
+@pytest.mark.parametrize("model", PADDED_MODELS)
+def test_padded_convolutions_match_onnxruntime(model, request, tmp_path):
+    build = compile_model(request.getfixturevalue(model), "host", tmp_path / "host").output_dir
     _assert_matches_reference(build, "host", threads=(1, 2))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
-def test_inputs_padded_once_compute_the_same_under_qemu(strided_model, tmp_path, profile):
-    build = compile_model(strided_model, profile, tmp_path / profile).output_dir
+@pytest.mark.parametrize("model", PADDED_MODELS)
+def test_padded_convolutions_compute_the_same_under_qemu(model, request, tmp_path, profile):
+    build = compile_model(request.getfixturevalue(model), profile, tmp_path / profile).output_dir
     _assert_matches_reference(build, "emulator", threads=(None, 2))
 
 
