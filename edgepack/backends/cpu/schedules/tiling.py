@@ -359,7 +359,7 @@ def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles:
             sch.compute_inline(pad)
             continue
         bits = max(8, int(sch.get(pad).writes[0].source.dtype.bits))
-        channels = int(sch.get(pad).writes[0].source.shape[-1])
+        channels = _output_shape(sch, pad)[-1]
         if channel_tiles > 1 and channels % cpu.lanes(bits) == 0:
             continue  # padded once: ``schedule_leftovers`` runs the pass in parallel, in vectors
         sch.compute_at(pad, tile_loop)
