@@ -137,13 +137,10 @@ def make_inputs(specs, seed: int = 0) -> dict:
 
 def tvm_runner(library: Path, names: list[str], inputs):
     import tvm
-    from tvm import relax
 
-    from edgepack.frontends.reference import quiet_native_stderr
+    from edgepack.run.host import load_host_library
 
-    with quiet_native_stderr():
-        executable = tvm.runtime.load_module(str(library))
-    vm = relax.VirtualMachine(executable, tvm.cpu())
+    vm = load_host_library(library, tvm.cpu())  # as edgepack runs it: its memory on huge pages
     args = [tvm.runtime.tensor(inputs[name]) for name in names]
     main = vm["main"]
     return lambda: main(*args)

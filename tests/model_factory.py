@@ -561,3 +561,19 @@ def onnx_hardswish_convs(path: Path, *, seed: int = 0) -> Path:
         layers.nodes, "hardswish_convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 40])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 88, 6, 40])], layers.inits)
     return _save_opset17(graph, path)
+
+
+def onnx_large_weights(path: Path, *, seed: int = 0) -> Path:
+    """Two fully connected layers with 12 MB of weights (512 -> 2048 -> 1024, a ReLU between) and little
+    computation: a model whose loading adds whole huge pages of weights to the process."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.05, shape).astype(np.float32), name)
+             for name, shape in [("w1", (512, 2048)), ("b1", (2048,)), ("w2", (2048, 1024)), ("b2", (1024,))]]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "large_weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])], inits)
+    return _save_opset17(graph, path)

@@ -12,6 +12,7 @@ from edgepack.backends import backend_for, describe_device
 from edgepack.errors import EdgepackError
 from edgepack.frontends.reference import quiet_native_stderr
 from edgepack.manifest import BuildManifest
+from edgepack.run.huge_pages import model_memory_on_huge_pages
 from edgepack.tensors import contiguous
 
 
@@ -25,16 +26,22 @@ def flatten_outputs(result) -> list[np.ndarray]:
     return flat
 
 
+def load_host_library(library: Path, device: Any) -> Any:
+    """A host model library (``host/model.so``) in TVM's Relax VM on ``device``, what loading it
+    added to the process on huge pages (``edgepack.run.huge_pages``)."""
+    import tvm
+    from tvm import relax
+
+    with model_memory_on_huge_pages(), quiet_native_stderr():
+        return relax.VirtualMachine(tvm.runtime.load_module(str(library)), device)
+
+
 def run_host_library(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray],
                      device: Any) -> list[np.ndarray]:
     """The build's ``host/model.so`` in TVM's Relax VM on ``device``, inputs copied there."""
     import tvm
-    from tvm import relax
 
-    library = build_dir / manifest.artifacts["host_library"].path
-    with quiet_native_stderr():
-        executable = tvm.runtime.load_module(str(library))
-    vm = relax.VirtualMachine(executable, device)
+    vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)
     args = [tvm.runtime.tensor(contiguous(inputs[spec.name]), device=device) for spec in manifest.inputs]
     return flatten_outputs(vm["main"](*args))  # .numpy() waits for the device
 

@@ -24,11 +24,10 @@ from edgepack.backends import Backend, backend_for, backends, describe_device
 from edgepack.devices.inventory import Device, Inventory, load_inventory
 from edgepack.devices.session import DEFAULT_RECONNECT_WINDOW, DEFAULT_SESSION_TIMEOUT
 from edgepack.errors import EdgepackError
-from edgepack.frontends.reference import quiet_native_stderr
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.progress import Progress
 from edgepack.run.emulator import run_on_emulator
-from edgepack.run.host import run_host_library
+from edgepack.run.host import load_host_library, run_host_library
 from edgepack.run.remote import bench_on_device, bench_on_farm, run_on_device, run_on_farm
 from edgepack.run.results import BenchResult
 from edgepack.run.threads import use_threads_here
@@ -93,16 +92,13 @@ class ThisMachine(Place):
               progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
         """Time ``host/model.so`` here with TVM's ``time_evaluator``."""
         import tvm
-        from tvm import relax
 
         manifest = read_manifest(build_dir)
         backend = self._backend(build_dir, manifest)
         device = backend.host_device(log=progress)
         count = use_threads_here(threads)
         started = time.monotonic()
-        with quiet_native_stderr():
-            executable = tvm.runtime.load_module(str(build_dir / manifest.artifacts["host_library"].path))
-        vm = relax.VirtualMachine(executable, device)
+        vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)
         feeds = random_inputs(manifest.inputs)
         args = [tvm.runtime.tensor(contiguous(feeds[s.name]), device=device) for s in manifest.inputs]
         if progress:

@@ -14,7 +14,8 @@
  *                      of the output name and replaces other bytes by '_'
  *   --repeat N         time N runs and print one JSON line:
  *                      {"runs": N, "mean_ms": .., "median_ms": .., "min_ms": .., "max_ms": ..,
- *                       "std_ms": .., "threads": N}
+ *                       "std_ms": .., "threads": N, "huge_page_bytes": N}
+ *                      (huge_page_bytes: the model's memory on huge pages, ep_model_huge_page_bytes)
  *   --warmup N         untimed runs before timing (default 1 with --repeat)
  *   --threads N        threads for the model's parallel kernels (default: one per online CPU)
  *   --from-memory      read MODEL.so into memory and use ep_model_open_memory()
@@ -685,11 +686,12 @@ int main(int argc, char** argv) {
       var /= (double)o.repeat;
       qsort(times, (size_t)o.repeat, sizeof(double), cmp_double);
       printf("{\"runs\": %ld, \"mean_ms\": %.4f, \"median_ms\": %.4f, \"min_ms\": %.4f, "
-             "\"max_ms\": %.4f, \"std_ms\": %.4f, \"threads\": %ld}\n",
+             "\"max_ms\": %.4f, \"std_ms\": %.4f, \"threads\": %ld, \"huge_page_bytes\": %zu}\n",
              o.repeat, mean,
              o.repeat % 2 ? times[o.repeat / 2]
                           : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]),
-             times[0], times[o.repeat - 1], sqrt(var), o.threads ? o.threads : sysconf(_SC_NPROCESSORS_ONLN));
+             times[0], times[o.repeat - 1], sqrt(var), o.threads ? o.threads : sysconf(_SC_NPROCESSORS_ONLN),
+             ep_model_huge_page_bytes(model));
     }
   } else if (rc == 0 && o.warmup == 0) {
     st = ep_model_run(model);

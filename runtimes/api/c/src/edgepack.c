@@ -27,6 +27,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 #if defined(__linux__)
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #endif
 
@@ -190,6 +191,7 @@ struct ep_model {
   int has_run;
   int device_type; /* where the VM runs: kDLCPU, or kDLOpenCL / kDLWebGPU for GPU models */
   int device_id;
+  size_t huge_page_bytes; /* what opening it moved onto huge pages (ep_collapse_new_memory) */
 };
 
 static int ep_model_valid(const ep_model* m) { return m != NULL && m->magic == EP_MODEL_MAGIC; }
@@ -1443,6 +1445,128 @@ static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* s
   return EP_OK;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* the model's memory on huge pages                                                            */
+/*
+ * Every run reads all of a model's weights: more pages than the TLB covers at 4 KiB, and the
+ * hardware prefetchers stop at each page's end. Opening a model marks the process's anonymous
+ * memory first; once the model is loaded, the whole huge pages that loading added (its weights,
+ * the VM's buffers) are moved onto transparent huge pages in place with madvise(MADV_COLLAPSE)
+ * (Linux 6.1+; elsewhere, or where the kernel refuses, nothing changes). Memory the process had
+ * before is not touched. EDGEPACK_HUGE_PAGES=0 turns it off. edgepack/run/huge_pages.py does the
+ * same for models loaded from Python; its text has the measurements.
+ */
+
+#if !defined(MADV_COLLAPSE)
+#define MADV_COLLAPSE 25
+#endif
+
+typedef struct {
+  size_t page;       /* the huge page size; 0: nothing to do */
+  uintptr_t* ranges; /* [low, high) pairs of the anonymous mappings at the mark */
+  size_t count;
+} ep_memory_mark;
+
+static size_t ep_huge_page_size(void) {
+  const char* env = getenv("EDGEPACK_HUGE_PAGES");
+  unsigned long long size = 0;
+  FILE* f;
+  if (env != NULL && strcmp(env, "0") == 0) return 0;
+  f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+  if (f == NULL) return 0;
+  if (fscanf(f, "%llu", &size) != 1) size = 0;
+  fclose(f);
+  return (size_t)size;
+}
+
+/* The private writable anonymous mappings (heap, mmap'ed allocations) as [low, high) pairs;
+ * *count pairs in a malloc'ed array, NULL if /proc/self/maps cannot be read. */
+static uintptr_t* ep_anonymous_ranges(size_t* count) {
+  char line[512];
+  size_t n = 0, cap = 0;
+  uintptr_t* ranges = NULL;
+  FILE* f = fopen("/proc/self/maps", "r");
+  *count = 0;
+  if (f == NULL) return NULL;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    unsigned long long low, high, offset;
+    char perms[8], dev[16];
+    unsigned long inode;
+    int used = 0;
+    if (strchr(line, '\n') == NULL && !feof(f)) { /* a longer line: skip its rest */
+      int c;
+      while ((c = fgetc(f)) != EOF && c != '\n') {
+      }
+    }
+    if (sscanf(line, "%llx-%llx %7s %llx %15s %lu %n", &low, &high, perms, &offset, dev, &inode,
+               &used) < 6 ||
+        strcmp(perms, "rw-p") != 0) {
+      continue;
+    }
+    if (line[used] != '\0' && line[used] != '\n' && strncmp(line + used, "[heap]", 6) != 0) {
+      continue; /* a file, the stack or another named mapping */
+    }
+    if (n + 2 > cap) {
+      uintptr_t* grown = (uintptr_t*)realloc(ranges, (cap ? cap * 2 : 64) * sizeof(uintptr_t));
+      if (grown == NULL) break;
+      ranges = grown;
+      cap = cap ? cap * 2 : 64;
+    }
+    ranges[n++] = (uintptr_t)low;
+    ranges[n++] = (uintptr_t)high;
+  }
+  fclose(f);
+  *count = n / 2;
+  return ranges;
+}
+
+static void ep_mark_memory(ep_memory_mark* mark) {
+  mark->page = 0;
+  mark->ranges = NULL;
+  mark->count = 0;
+#if defined(__linux__)
+  mark->page = ep_huge_page_size();
+  if (mark->page != 0) {
+    mark->ranges = ep_anonymous_ranges(&mark->count);
+    if (mark->ranges == NULL) mark->page = 0;
+  }
+#endif
+}
+
+static void ep_forget_memory_mark(ep_memory_mark* mark) {
+  free(mark->ranges);
+  mark->ranges = NULL;
+  mark->page = 0;
+}
+
+/* Collapse the whole huge pages of the anonymous mappings that no mapping at the mark held;
+ * returns how many bytes now are on huge pages. Forgets the mark. */
+static size_t ep_collapse_new_memory(ep_memory_mark* mark) {
+  size_t moved = 0;
+#if defined(__linux__)
+  size_t count = 0, i, j;
+  const uintptr_t page = (uintptr_t)mark->page;
+  uintptr_t* now = page ? ep_anonymous_ranges(&count) : NULL;
+  for (i = 0; i < count; ++i) {
+    uintptr_t start = (now[2 * i] + page - 1) / page * page;
+    for (; start + page <= now[2 * i + 1]; start += page) {
+      int old = 0;
+      for (j = 0; j < mark->count && !old; ++j) {
+        old = mark->ranges[2 * j] <= start && start + page <= mark->ranges[2 * j + 1];
+      }
+      if (!old && madvise((void*)start, page, MADV_COLLAPSE) == 0) moved += page;
+    }
+  }
+  free(now);
+#endif
+  ep_forget_memory_mark(mark);
+  return moved;
+}
+
+size_t ep_model_huge_page_bytes(const ep_model* model) {
+  return ep_model_valid(model) ? model->huge_page_bytes : 0;
+}
+
 static ep_model* ep_model_new(void) {
   ep_model* m = (ep_model*)calloc(1, sizeof(ep_model));
   if (m != NULL) m->magic = EP_MODEL_MAGIC;
@@ -1542,6 +1666,7 @@ static ep_status ep_load_so(const char* path, TVMFFIObjectHandle* out_exec) {
 
 ep_status ep_model_open(const char* lib_path, const char* meta_path, ep_model** out_model) {
   struct stat sb;
+  ep_memory_mark mark;
   ep_model* m;
   char* path = NULL;
   char* sidecar = NULL;
@@ -1582,6 +1707,7 @@ ep_status ep_model_open(const char* lib_path, const char* meta_path, ep_model** 
   } else {
     strcpy(path, lib_path);
   }
+  ep_mark_memory(&mark);
   st = ep_autoload_plugins(path);
   if (st == EP_OK) st = ep_explain_missing_plugin(ep_load_so(path, &m->exec));
   if (st == EP_OK) st = ep_model_init(m, meta_text, sidecar);
@@ -1589,9 +1715,11 @@ ep_status ep_model_open(const char* lib_path, const char* meta_path, ep_model** 
   free(sidecar);
   free(meta_text);
   if (st != EP_OK) {
+    ep_forget_memory_mark(&mark);
     ep_model_destroy(m);
     return st;
   }
+  m->huge_page_bytes = ep_collapse_new_memory(&mark);
   *out_model = m;
   return EP_OK;
 }
@@ -1617,6 +1745,7 @@ ep_status ep_model_open_memory(const void* lib_data, size_t lib_size, const char
   int fd = -1;
   int is_tmp_file = 0;
   ep_model* m;
+  ep_memory_mark mark;
   ep_status st;
   if (out_model == NULL) {
     return ep_fail(EP_ERR_INVALID_ARGUMENT, "ep_model_open_memory: out_model is NULL");
@@ -1653,6 +1782,7 @@ ep_status ep_model_open_memory(const void* lib_data, size_t lib_size, const char
     if (is_tmp_file) unlink(tmp_path);
     return ep_fail(EP_ERR_NO_MEMORY, "out of memory");
   }
+  ep_mark_memory(&mark);
   st = ep_autoload_plugins(NULL);
   if (st == EP_OK) st = ep_explain_missing_plugin(ep_load_so(is_tmp_file ? tmp_path : path, &m->exec));
   /* the loader has mapped the library: the file is no longer needed */
@@ -1660,9 +1790,11 @@ ep_status ep_model_open_memory(const void* lib_data, size_t lib_size, const char
   if (is_tmp_file) unlink(tmp_path);
   if (st == EP_OK) st = ep_model_init(m, meta_text, NULL);
   if (st != EP_OK) {
+    ep_forget_memory_mark(&mark);
     ep_model_destroy(m);
     return st;
   }
+  m->huge_page_bytes = ep_collapse_new_memory(&mark);
   *out_model = m;
   return EP_OK;
 }
@@ -1673,6 +1805,7 @@ ep_status ep_model_open_system_lib(const char* prefix, const char* meta_text,
   TVMFFIAny res;
   TVMFFIObjectHandle probe = NULL;
   ep_model* m;
+  ep_memory_mark mark;
   ep_status st;
   if (out_model == NULL) {
     return ep_fail(EP_ERR_INVALID_ARGUMENT, "ep_model_open_system_lib: out_model is NULL");
@@ -1681,17 +1814,21 @@ ep_status ep_model_open_system_lib(const char* prefix, const char* meta_text,
   if (prefix == NULL) prefix = "";
   st = ep_autoload_plugins(NULL);
   if (st != EP_OK) return st;
+  ep_mark_memory(&mark);
   args[0] = ep_any_str(prefix);
   st = ep_call_global("ffi.SystemLib", args, 1, &res, EP_ERR_LOAD);
-  if (st != EP_OK) return st;
-  if (res.type_index != kTVMFFIModule) {
+  if (st == EP_OK && res.type_index != kTVMFFIModule) {
     ep_any_release(&res);
-    return ep_fail(EP_ERR_LOAD, "ffi.SystemLib did not return a module");
+    st = ep_fail(EP_ERR_LOAD, "ffi.SystemLib did not return a module");
   }
-  m = ep_model_new();
-  if (m == NULL) {
+  m = st == EP_OK ? ep_model_new() : NULL;
+  if (st == EP_OK && m == NULL) {
     ep_any_release(&res);
-    return ep_fail(EP_ERR_NO_MEMORY, "out of memory");
+    st = ep_fail(EP_ERR_NO_MEMORY, "out of memory");
+  }
+  if (st != EP_OK) {
+    ep_forget_memory_mark(&mark);
+    return st;
   }
   m->exec = res.v_obj;
   /* without a linked-in model the system library is empty */
@@ -1705,9 +1842,11 @@ ep_status ep_model_open_system_lib(const char* prefix, const char* meta_text,
   ep_release(&probe);
   if (st == EP_OK) st = ep_model_init(m, meta_text, NULL);
   if (st != EP_OK) {
+    ep_forget_memory_mark(&mark);
     ep_model_destroy(m);
     return st;
   }
+  m->huge_page_bytes = ep_collapse_new_memory(&mark);
   *out_model = m;
   return EP_OK;
 }

@@ -1,0 +1,106 @@
+"""A model's memory on huge pages (``edgepack.run.huge_pages`` and the C API's ``ep_model_open*``): what
+loading a model adds to the process is collapsed onto transparent huge pages, from Python and from the C
+runner, the outputs unchanged on the host and under qemu (rpi4, rpi3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from model_factory import onnx_large_weights
+
+from edgepack.compiling import compile_model
+from edgepack.manifest import read_manifest
+from edgepack.profiles import get_profile
+from edgepack.run import huge_pages
+from edgepack.run.c_runner import runner_for_profile
+from edgepack.run.host import load_host_library
+from edgepack.validation import validate
+
+MIB = 1 << 20
+
+
+def _collapse_works() -> bool:
+    """Whether this kernel collapses memory onto huge pages at all (Linux 6.1+, THP not ``never``)."""
+    import mmap
+
+    size = huge_pages.huge_page_size()
+    if not size:
+        return False
+    with huge_pages.model_memory_on_huge_pages() as moved:
+        block = mmap.mmap(-1, 3 * size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        block.write(b"\1" * (3 * size))
+    block.close()
+    return moved.bytes > 0
+
+
+needs_collapse = pytest.mark.skipif(not _collapse_works(), reason="this kernel moves no memory onto huge pages")
+
+
+@pytest.fixture(scope="module")
+def large_model(tmp_path_factory):
+    return onnx_large_weights(tmp_path_factory.mktemp("large") / "large_weights.onnx")
+
+
+@pytest.fixture(scope="module")
+def host_build(large_model, tmp_path_factory):
+    return compile_model(large_model, "host", tmp_path_factory.mktemp("host") / "build").output_dir
+
+
+def _huge_page_kib() -> int:
+    with open("/proc/self/smaps") as smaps:
+        return sum(int(line.split()[1]) for line in smaps if line.startswith("AnonHugePages:"))
+
+
+@needs_collapse
+def test_loading_a_model_from_python_puts_its_weights_on_huge_pages(host_build):
+    import tvm
+
+    library = host_build / read_manifest(host_build).artifacts["host_library"].path
+    before = _huge_page_kib()
+    vm = load_host_library(library, tvm.cpu())
+    assert _huge_page_kib() - before >= 8 * 1024  # of the 12 MB of weights, the whole huge pages
+    assert vm is not None
+    report = validate(host_build, "host")
+    assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
+def test_huge_pages_are_off_with_the_environment_switch(monkeypatch):
+    import mmap
+
+    monkeypatch.setenv(huge_pages.ENV, "0")
+    assert huge_pages.huge_page_size() == 0
+    with huge_pages.model_memory_on_huge_pages() as moved:
+        block = mmap.mmap(-1, 8 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        block.write(b"\1" * (8 * MIB))
+    block.close()
+    assert moved.bytes == 0 and moved.ranges == []
+
+
+def _runner_stats(runner: Path, library: Path, *, env: dict | None = None) -> dict:
+    result = subprocess.run([runner, library, "--repeat", "2", "--quiet"], capture_output=True, text=True,
+                            check=True, env={**os.environ, **(env or {})})
+    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
+
+
+@needs_collapse
+def test_the_c_runner_puts_the_weights_on_huge_pages(host_build):
+    """The C API (ep_model_open) collapses what loading added; EDGEPACK_HUGE_PAGES=0 leaves it."""
+    runner = runner_for_profile(get_profile("host"))
+    library = host_build / read_manifest(host_build).artifacts["host_library"].path
+    assert _runner_stats(runner, library)["huge_page_bytes"] >= 8 * MIB
+    assert _runner_stats(runner, library, env={huge_pages.ENV: "0"})["huge_page_bytes"] == 0
+    report = validate(host_build, "emulator")  # the host build's emulator is the C runner, run natively
+    assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_the_device_runner_computes_the_same_with_its_memory_collapsed(large_model, profile, tmp_path):
+    """On the device path (the C runner under qemu-user, which passes madvise through as a hint) the
+    model opens and computes what ONNX Runtime does."""
+    build = compile_model(large_model, profile, tmp_path / profile).output_dir
+    report = validate(build, "emulator")
+    assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
