@@ -104,3 +104,48 @@ def test_the_device_runner_computes_the_same_with_its_memory_collapsed(large_mod
     build = compile_model(large_model, profile, tmp_path / profile).output_dir
     report = validate(build, "emulator")
     assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _process_huge_page_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps") as smaps:
+        return sum(int(line.split()[1]) for line in smaps if line.startswith("AnonHugePages:"))
+
+
+@needs_collapse
+def test_the_rpc_server_loads_a_model_onto_huge_pages(host_build):
+    """edgepack's RPC server (built for this machine, as `tune --on host-opencl` runs it) moves a model's
+    weights onto huge pages when a client loads it, as the C API does; the model runs the same."""
+    import numpy as np
+    import tvm
+    from tvm import relax, rpc
+
+    from edgepack.devices.local_server import LocalRPCServer
+    from edgepack.toolchain.compilers import HOST_TRIPLE, host_compilers
+    from edgepack.toolchain.rpc_server import server_bundle
+    from edgepack.toolchain.tvm_runtime import host_runtime
+
+    library = host_build / read_manifest(host_build).artifacts["host_library"].path
+    server = LocalRPCServer.start(server_bundle(HOST_TRIPLE, host_compilers()[0], host_runtime()), "huge-pages")
+    try:
+        session = rpc.connect("127.0.0.1", server.port, key=server.key, session_timeout=120)
+        session.upload(str(library), "large.so")
+        vm = relax.VirtualMachine(session.load_module("large.so"), session.cpu())
+        x = np.random.default_rng(0).normal(size=(1, 512)).astype(np.float32)
+        remote = vm["main"](tvm.runtime.tensor(x, device=session.cpu())).numpy()
+        local = load_host_library(library, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(remote, local, rtol=1e-5, atol=1e-5)
+        assert max(_process_huge_page_kib(pid) for pid in _children(server.process.pid)) >= 8 * 1024
+    finally:
+        server.stop()

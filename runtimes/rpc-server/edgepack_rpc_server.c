@@ -30,7 +30,7 @@
 
 #include <tvm/ffi/c_api.h>
 
-#include "edgepack.h" /* ep_register_runtime_builtins: compiled in from runtimes/api/c/src/edgepack.c */
+#include "edgepack.h" /* ep_register_runtime_builtins, ep_memory_*: compiled in from runtimes/api/c/src/edgepack.c */
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -279,7 +279,10 @@ static int ep_fn_load_module(void* self, const TVMFFIAny* args, int32_t num_args
   result->type_index = kTVMFFINone;
   result->zero_padding = 0;
   result->v_int64 = 0;
+  /* the library's weights on huge pages, as the C API's ep_model_open() puts them */
+  ep_memory_mark* mark = ep_memory_mark_take();
   int rc = TVMFFIFunctionCall(fload, &arg, 1, result);
+  ep_memory_collapse_since(mark);
   TVMFFIObjectDecRef(fload);
   if (rc != 0) return rc; /* the raised error stays in TLS and travels back to the client */
   /* Keep the library mapped for the rest of the session, like tvm_ffi.load_module does. */

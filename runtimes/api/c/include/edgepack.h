@@ -236,6 +236,16 @@ EP_API ep_status ep_model_find_output(const ep_model* model, const char* name, i
  */
 EP_API size_t ep_model_huge_page_bytes(const ep_model* model);
 
+/**
+ * For programs that load model libraries through TVM themselves (edgepack's RPC server): take a mark
+ * of the process's memory before loading, and after it move what loading added onto huge pages, as
+ * ep_model_open*() does. ep_memory_collapse_since() frees the mark (NULL is accepted) and returns the
+ * bytes it moved.
+ */
+typedef struct ep_memory_mark ep_memory_mark;
+EP_API ep_memory_mark* ep_memory_mark_take(void);
+EP_API size_t ep_memory_collapse_since(ep_memory_mark* mark);
+
 /* ---- running ----------------------------------------------------------------------------- */
 
 /**

@@ -1461,11 +1461,11 @@ static ep_status ep_model_init(ep_model* m, const char* meta_text, const char* s
 #define MADV_COLLAPSE 25
 #endif
 
-typedef struct {
+struct ep_memory_mark {
   size_t page;       /* the huge page size; 0: nothing to do */
   uintptr_t* ranges; /* [low, high) pairs of the anonymous mappings at the mark */
   size_t count;
-} ep_memory_mark;
+};
 
 static size_t ep_huge_page_size(void) {
   const char* env = getenv("EDGEPACK_HUGE_PAGES");
@@ -1560,6 +1560,18 @@ static size_t ep_collapse_new_memory(ep_memory_mark* mark) {
   free(now);
 #endif
   ep_forget_memory_mark(mark);
+  return moved;
+}
+
+ep_memory_mark* ep_memory_mark_take(void) {
+  ep_memory_mark* mark = (ep_memory_mark*)malloc(sizeof(ep_memory_mark));
+  if (mark != NULL) ep_mark_memory(mark);
+  return mark;
+}
+
+size_t ep_memory_collapse_since(ep_memory_mark* mark) {
+  size_t moved = mark != NULL ? ep_collapse_new_memory(mark) : 0;
+  free(mark);
   return moved;
 }
 
