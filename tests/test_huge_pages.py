@@ -77,7 +77,7 @@ def test_huge_pages_are_off_with_the_environment_switch(monkeypatch):
         block = mmap.mmap(-1, 8 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         block.write(b"\1" * (8 * MIB))
     block.close()
-    assert moved.bytes == 0 and moved.ranges == []
+    assert moved.bytes == 0
 
 
 def _runner_stats(runner: Path, library: Path, *, env: dict | None = None) -> dict:

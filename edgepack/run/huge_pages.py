@@ -3,8 +3,9 @@ buffers), moved onto Linux transparent huge pages once it is loaded.
 
 Every run reads all of a model's weights, more than the TLB covers in 4 KiB pages (MobileNetV2's
 13.5 MB are 3,300 pages), and the hardware prefetchers stop at each page's end. On 2 MiB pages the
-same weights are 7 pages. Measured on a Zen 4 VM (both variants in one process, alternating):
-MobileNetV2 1.4-2.4% faster at 1 thread, 0.6-1.5% at 2; resnet50-light up to 4.5% at 1 thread.
+same weights are 7 pages. Measured on a Zen 4 VM as scripts/bench.py times (fresh processes, with and
+without, alternating; docs/benchmarks.md): MobileNetV2 1.4% faster at 1 thread, the same at 2 within
+the noise; resnet50-light (72.8 MB) 1.7% at 1 thread, 1.6% at 2.
 
 ``madvise(MADV_COLLAPSE)`` (Linux 6.1+) moves populated memory onto huge pages in place, whatever
 the system's ``transparent_hugepage/enabled`` says short of ``never``; only whole huge pages that
@@ -20,7 +21,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "EDGEPACK_HUGE_PAGES"
@@ -55,11 +56,9 @@ def _anonymous_pages(size: int) -> set[int]:
 
 @dataclass
 class HugePages:
-    """What ``model_memory_on_huge_pages`` moved: ``bytes`` on huge pages, ``ranges`` their
-    (start, end) addresses."""
+    """What ``model_memory_on_huge_pages`` moved onto huge pages, in bytes."""
 
     bytes: int = 0
-    ranges: list[tuple[int, int]] = field(default_factory=list)
 
 
 @contextmanager
@@ -77,4 +76,3 @@ def model_memory_on_huge_pages() -> Iterator[HugePages]:
     for page in sorted(_anonymous_pages(size) - before):
         if libc.madvise(page * size, size, MADV_COLLAPSE) == 0:
             moved.bytes += size
-            moved.ranges.append((page * size, (page + 1) * size))
