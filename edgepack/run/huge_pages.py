@@ -9,8 +9,9 @@ the noise; resnet50-light (72.8 MB) 1.7% at 1 thread, 1.6% at 2.
 
 ``madvise(MADV_COLLAPSE)`` (Linux 6.1+) moves populated memory onto huge pages in place, whatever
 the system's ``transparent_hugepage/enabled`` says short of ``never``; only whole huge pages that
-loading the model added are touched, nothing the process had before. Where the kernel cannot (older
-kernels, other systems) nothing changes. ``EDGEPACK_HUGE_PAGES=0`` turns it off. The C API
+loading the model added to the process's mappings are touched, nothing the process had before (so a
+model that reuses memory the process already had, such as an earlier model's freed memory, keeps
+what that memory was on). Where the kernel cannot (older kernels, other systems) nothing changes. ``EDGEPACK_HUGE_PAGES=0`` turns it off. The C API
 (``runtimes/api/c``) does the same for the programs that load a model without Python.
 """
 

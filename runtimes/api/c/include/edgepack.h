@@ -231,8 +231,9 @@ EP_API ep_status ep_model_find_output(const ep_model* model, const char* name, i
  * How many bytes of the model's memory opening it moved onto huge pages: the whole transparent huge
  * pages (2 MiB on x86-64 and aarch64 with 4 KiB pages) that loading it added to the process (its
  * weights, the VM's buffers), collapsed with madvise(MADV_COLLAPSE), so that each run's pass over
- * the weights takes fewer TLB misses. 0 where the kernel cannot (before Linux 6.1, transparent huge
- * pages set to never, not Linux), for a NULL model, or with EDGEPACK_HUGE_PAGES=0 in the environment.
+ * the weights takes fewer TLB misses. Memory the process already had and the model reuses (an
+ * earlier model's, freed) is left as it is. 0 where the kernel cannot (before Linux 6.1, transparent
+ * huge pages set to never, not Linux), for a NULL model, or with EDGEPACK_HUGE_PAGES=0 set.
  */
 EP_API size_t ep_model_huge_page_bytes(const ep_model* model);
 
