@@ -43,12 +43,14 @@ def huge_page_size() -> int:
 
 def _anonymous_pages(size: int) -> set[int]:
     """The whole huge pages (their numbers: address // size) inside this process's private,
-    writable, anonymous mappings (the heap and mmap'ed allocations)."""
+    writable, anonymous mappings (the heap and mmap'ed allocations, ``[anon:...]`` where an allocator
+    names them, as Android's do)."""
     pages: set[int] = set()
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split()
-            if fields[1] != "rw-p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            name = fields[5] if len(fields) > 5 else ""
+            if fields[1] != "rw-p" or not (name in ("", "[heap]") or name.startswith("[anon:")):
                 continue
             low, high = (int(x, 16) for x in fields[0].split("-"))
             pages.update(range(-(-low // size), high // size))

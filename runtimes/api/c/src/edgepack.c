@@ -1503,8 +1503,9 @@ static uintptr_t* ep_anonymous_ranges(size_t* count) {
         strcmp(perms, "rw-p") != 0) {
       continue;
     }
-    if (line[used] != '\0' && line[used] != '\n' && strncmp(line + used, "[heap]", 6) != 0) {
-      continue; /* a file, the stack or another named mapping */
+    if (line[used] != '\0' && line[used] != '\n' && strncmp(line + used, "[heap]", 6) != 0 &&
+        strncmp(line + used, "[anon:", 6) != 0) {
+      continue; /* a file, the stack or another named mapping ([anon:...]: Android's allocators) */
     }
     if (n + 2 > cap) {
       uintptr_t* grown = (uintptr_t*)realloc(ranges, (cap ? cap * 2 : 64) * sizeof(uintptr_t));
