@@ -24,18 +24,22 @@ from edgepack.validation import validate
 MIB = 1 << 20
 
 
-def _collapse_works() -> bool:
-    """Whether this kernel collapses memory onto huge pages at all (Linux 6.1+, THP not ``never``)."""
+def _moved_for_a_new_block(size: int) -> int:
+    """What ``model_memory_on_huge_pages`` moves of a private anonymous block of ``size`` bytes, mapped and
+    written inside it."""
     import mmap
 
-    size = huge_pages.huge_page_size()
-    if not size:
-        return False
     with huge_pages.model_memory_on_huge_pages() as moved:
-        block = mmap.mmap(-1, 3 * size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        block.write(b"\1" * (3 * size))
+        block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        block.write(b"\1" * size)
     block.close()
-    return moved.bytes > 0
+    return moved.bytes
+
+
+def _collapse_works() -> bool:
+    """Whether this kernel collapses memory onto huge pages at all (Linux 6.1+, THP not ``never``)."""
+    size = huge_pages.huge_page_size()
+    return size > 0 and _moved_for_a_new_block(3 * size) > 0
 
 
 needs_collapse = pytest.mark.skipif(not _collapse_works(), reason="this kernel moves no memory onto huge pages")
@@ -51,13 +55,17 @@ def host_build(large_model, tmp_path_factory):
     return compile_model(large_model, "host", tmp_path_factory.mktemp("host") / "build").output_dir
 
 
+@pytest.fixture(scope="module")
+def host_library(host_build):
+    return host_build / read_manifest(host_build).artifacts["host_library"].path
+
+
 @needs_collapse
-def test_loading_a_model_from_python_puts_its_weights_on_huge_pages(host_build):
+def test_loading_a_model_from_python_puts_its_weights_on_huge_pages(host_build, host_library):
     """In a fresh process, as `edgepack validate` and `bench` load a build: the whole huge pages of its
     12 MB of weights are on huge pages after ``load_host_library``. (A long-lived process may give the
     model memory it already had, which is left as it is: a model loaded after another often reuses the
     first one's, already collapsed.)"""
-    library = host_build / read_manifest(host_build).artifacts["host_library"].path
     script = (
         "import sys, tvm\n"
         "from edgepack.run.host import load_host_library\n"
@@ -66,22 +74,17 @@ def test_loading_a_model_from_python_puts_its_weights_on_huge_pages(host_build):
         "before = kib()\n"
         "vm = load_host_library(sys.argv[1], tvm.cpu())\n"
         "print(kib() - before)\n")
-    moved = subprocess.run([sys.executable, "-c", script, str(library)], capture_output=True, text=True, check=True)
+    moved = subprocess.run([sys.executable, "-c", script, str(host_library)], capture_output=True, text=True,
+                           check=True)
     assert int(moved.stdout.split()[-1]) >= 8 * 1024
     report = validate(host_build, "host")
     assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
 
 
 def test_huge_pages_are_off_with_the_environment_switch(monkeypatch):
-    import mmap
-
     monkeypatch.setenv(huge_pages.ENV, "0")
     assert huge_pages.huge_page_size() == 0
-    with huge_pages.model_memory_on_huge_pages() as moved:
-        block = mmap.mmap(-1, 8 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        block.write(b"\1" * (8 * MIB))
-    block.close()
-    assert moved.bytes == 0
+    assert _moved_for_a_new_block(8 * MIB) == 0
 
 
 def _runner_stats(runner: Path, library: Path, *, env: dict | None = None) -> dict:
@@ -91,12 +94,11 @@ def _runner_stats(runner: Path, library: Path, *, env: dict | None = None) -> di
 
 
 @needs_collapse
-def test_the_c_runner_puts_the_weights_on_huge_pages(host_build):
+def test_the_c_runner_puts_the_weights_on_huge_pages(host_build, host_library):
     """The C API (ep_model_open) collapses what loading added; EDGEPACK_HUGE_PAGES=0 leaves it."""
     runner = runner_for_profile(get_profile("host"))
-    library = host_build / read_manifest(host_build).artifacts["host_library"].path
-    assert _runner_stats(runner, library)["huge_page_bytes"] >= 8 * MIB
-    assert _runner_stats(runner, library, env={huge_pages.ENV: "0"})["huge_page_bytes"] == 0
+    assert _runner_stats(runner, host_library)["huge_page_bytes"] >= 8 * MIB
+    assert _runner_stats(runner, host_library, env={huge_pages.ENV: "0"})["huge_page_bytes"] == 0
     report = validate(host_build, "emulator")  # the host build's emulator is the C runner, run natively
     assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
 
@@ -128,7 +130,7 @@ def _process_huge_page_kib(pid: int) -> int:
 
 
 @needs_collapse
-def test_the_rpc_server_loads_a_model_onto_huge_pages(host_build):
+def test_the_rpc_server_loads_a_model_onto_huge_pages(host_library):
     """edgepack's RPC server (built for this machine, as `tune --on host-opencl` runs it) moves a model's
     weights onto huge pages when a client loads it, as the C API does; the model runs the same."""
     import numpy as np
@@ -140,15 +142,14 @@ def test_the_rpc_server_loads_a_model_onto_huge_pages(host_build):
     from edgepack.toolchain.rpc_server import server_bundle
     from edgepack.toolchain.tvm_runtime import host_runtime
 
-    library = host_build / read_manifest(host_build).artifacts["host_library"].path
     server = LocalRPCServer.start(server_bundle(HOST_TRIPLE, host_compilers()[0], host_runtime()), "huge-pages")
     try:
         session = rpc.connect("127.0.0.1", server.port, key=server.key, session_timeout=120)
-        session.upload(str(library), "large.so")
+        session.upload(str(host_library), "large.so")
         vm = relax.VirtualMachine(session.load_module("large.so"), session.cpu())
         x = np.random.default_rng(0).normal(size=(1, 512)).astype(np.float32)
         remote = vm["main"](tvm.runtime.tensor(x, device=session.cpu())).numpy()
-        local = load_host_library(library, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        local = load_host_library(host_library, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
         np.testing.assert_allclose(remote, local, rtol=1e-5, atol=1e-5)
         assert max(_process_huge_page_kib(pid) for pid in _children(server.process.pid)) >= 8 * 1024
     finally:

@@ -11,8 +11,9 @@ the noise; resnet50-light (72.8 MB) 1.7% at 1 thread, 1.6% at 2.
 the system's ``transparent_hugepage/enabled`` says short of ``never``; only whole huge pages that
 loading the model added to the process's mappings are touched, nothing the process had before (so a
 model that reuses memory the process already had, such as an earlier model's freed memory, keeps
-what that memory was on). Where the kernel cannot (older kernels, other systems) nothing changes. ``EDGEPACK_HUGE_PAGES=0`` turns it off. The C API
-(``runtimes/api/c``) does the same for the programs that load a model without Python.
+what that memory was on). Where the kernel cannot (older kernels, other systems) nothing changes.
+``EDGEPACK_HUGE_PAGES=0`` turns it off. The C API (``runtimes/api/c``) does the same for the programs
+that load a model without Python.
 """
 
 from __future__ import annotations
