@@ -56,6 +56,7 @@ class Row:
     threads: int
     median_ms: float
     samples: list[float] = field(default_factory=list)
+    block_runs: int | None = None  # samples per fresh process (``--time-one`` block), in timing order
     ratio: float | None = None  # median / reference median
     compile_s: float | None = None
     tuning_s: float | None = None
@@ -201,6 +202,10 @@ def time_one(spec: dict) -> list[float]:
     return samples
 
 
+def runs_per_block(repeat: int, rounds: int) -> int:
+    return max(1, repeat // rounds)
+
+
 def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int,
                   rounds: int = 5) -> dict[str, list[float]]:
     """Each runtime in its own process (thread pools of two runtimes in one process fight over the
@@ -209,7 +214,7 @@ def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int
     same machine load for all."""
     env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     samples: dict[str, list[float]] = {name: [] for name in specs}
-    per_block = max(1, repeat // rounds)
+    per_block = runs_per_block(repeat, rounds)
     for _ in range(rounds):
         for name, spec in specs.items():
             payload = json.dumps(spec | {"repeat": per_block, "warmup": warmup, "threads": threads})
@@ -340,6 +345,7 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
                          else litert_runtime_bytes()))
         for row in group:
             row.ratio = row.median_ms / reference_median
+            row.block_runs = runs_per_block(args.repeat, args.rounds)
             row.gflops = gflop / (row.median_ms / 1e3)
         rows.extend(group)
     return rows
@@ -380,16 +386,29 @@ def trials_text(budgets: dict[str, int], models: list[str]) -> str:
 
 def render_markdown(rows: list[Row], meta: dict) -> str:
     lines = [
-        ("| model | runtime | threads | median ms | vs ORT/LiteRT | GFLOP/s | compile s | tuning (trials, tasks) "
-         "| model library | runtime |"),
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        ("| model | runtime | threads | median ms | blocks p25-p75 ms | vs ORT/LiteRT | GFLOP/s | compile s "
+         "| tuning (trials, tasks) | model library | runtime |"),
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials}, {r.tuned_tasks})" if r.tuning_s is not None else "-"
-        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {r.ratio:.2f}x | {_gflops(r)} | "
+        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {block_spread(r)} | "
+                     f"{r.ratio:.2f}x | {_gflops(r)} | "
                      f"{'-' if r.compile_s is None else f'{r.compile_s:.1f}'} | {tuning} | {_size(r.model_bytes)} | "
                      f"{_size(r.runtime_bytes)} |")
     return "\n".join(lines)
+
+
+def block_spread(row: Row) -> str:
+    """The quartiles of the row's block medians (one block per fresh process): far apart where the
+    machine's speed changed from process to process (a VM whose second core comes and goes), which makes
+    the row's median, and its ratio, less sure than the table's two decimals suggest."""
+    n = row.block_runs
+    if not n or len(row.samples) < 4 * n:
+        return "-"
+    medians = [statistics.median(row.samples[i:i + n]) for i in range(0, len(row.samples) - n + 1, n)]
+    quartiles = statistics.quantiles(medians, n=4)
+    return f"{quartiles[0]:.2f}-{quartiles[2]:.2f}"
 
 
 def _gflops(row: Row) -> str:
@@ -406,13 +425,15 @@ def print_table(rows: list[Row], meta: dict) -> None:
 
     table = Table(title=f"edgepack vs ONNX Runtime / LiteRT, {meta['threads']} thread(s), {meta['cpu']}",
                   title_justify="left")
-    for col in ("model", "runtime", "threads", "median ms", "vs ORT/LiteRT", "GFLOP/s", "compile s", "tuning",
+    for col in ("model", "runtime", "threads", "median ms", "blocks p25-p75", "vs ORT/LiteRT", "GFLOP/s",
+                "compile s", "tuning",
                 "model lib", "runtime"):
         table.add_column(col, justify="left" if col in ("model", "runtime", "tuning") else "right")
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials} trials, {r.tuned_tasks})" if r.tuning_s is not None else ""
         style = "green" if r.runtime.startswith("edgepack") and r.ratio < 1 else None
-        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", f"{r.ratio:.2f}x", _gflops(r),
+        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", block_spread(r), f"{r.ratio:.2f}x",
+                      _gflops(r),
                       "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning, _size(r.model_bytes),
                       _size(r.runtime_bytes), style=style)
     console = Console(width=max(160, Console().width))
@@ -431,7 +452,8 @@ Latest run of `scripts/bench.py` (numbers from one run on one machine; rerun it 
 Machine: **{meta['cpu']}**, {meta['cores']}{', ' + meta['memory'] + ' RAM' if 'memory' in meta else ''}{', SIMD: ' + meta['simd'] if 'simd' in meta else ''}.
 Date: {meta['date']}. Threads: **{meta['threads']}**, the same for every runtime of a row (`TVM_NUM_THREADS`, ORT
 `intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in {meta['rounds']} interleaved blocks
-per runtime, each block in a fresh process after {meta['warmup']} warm-up runs. Ratio: median over the ONNX Runtime / LiteRT median
+per runtime, each block in a fresh process after {meta['warmup']} warm-up runs ("blocks": the quartiles of the blocks'
+medians; far apart, the machine's speed changed from process to process and the median is less sure). Ratio: median over the ONNX Runtime / LiteRT median
 of the same run and thread count (below 1.00x: edgepack is faster). GFLOP/s: the model's FLOP per inference as TVM
 counts its kernels (a multiply-add is two), every convolution counted direct whatever algorithm a runtime uses, over
 the median latency; the ceiling, ONNX Runtime's single-precision 512x512 matrix product in the same run (best of 50):
