@@ -426,16 +426,14 @@ def print_table(rows: list[Row], meta: dict) -> None:
     table = Table(title=f"edgepack vs ONNX Runtime / LiteRT, {meta['threads']} thread(s), {meta['cpu']}",
                   title_justify="left")
     for col in ("model", "runtime", "threads", "median ms", "blocks p25-p75", "vs ORT/LiteRT", "GFLOP/s",
-                "compile s", "tuning",
-                "model lib", "runtime"):
+                "compile s", "tuning", "model lib", "runtime"):
         table.add_column(col, justify="left" if col in ("model", "runtime", "tuning") else "right")
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials} trials, {r.tuned_tasks})" if r.tuning_s is not None else ""
         style = "green" if r.runtime.startswith("edgepack") and r.ratio < 1 else None
         table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", block_spread(r), f"{r.ratio:.2f}x",
-                      _gflops(r),
-                      "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning, _size(r.model_bytes),
-                      _size(r.runtime_bytes), style=style)
+                      _gflops(r), "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning,
+                      _size(r.model_bytes), _size(r.runtime_bytes), style=style)
     console = Console(width=max(160, Console().width))
     console.print(table)
     console.print(f"GFLOP/s: the model's FLOP (convolutions counted direct) per second; ceiling, ONNX Runtime's "
