@@ -93,6 +93,9 @@ class KernelForm:
     padded_channels: bool = False
     # a channels-last depthwise convolution and the 1x1 convolution that reads it are one kernel
     fused_depthwise: bool = False
+    # a channels-last tensor scaled per channel (squeeze-and-excitation) and the 1x1 convolution that reads
+    # it are one kernel
+    fused_scale: bool = False
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,9 @@ class TuningMeta:
     # CPU depthwise convolutions were tuned fused with the 1x1 convolution after them
     # (KernelForm.fused_depthwise); older directories as kernels of their own
     fused_depthwise: bool = False
+    # CPU per-channel scalings were tuned merged into the 1x1 convolution after them
+    # (KernelForm.fused_scale); older directories as kernels of their own
+    fused_scale: bool = False
 
     @property
     def form(self) -> KernelForm:

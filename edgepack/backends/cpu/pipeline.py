@@ -3,8 +3,9 @@ builds, MetaSchedule's records applied first.
 
     dispatch, legalize, fuse         convolutions channels-last (NHWC), 3x3 ones as Winograd kernels
                                      (``winograd.py``), output channels padded to whole vectors
-                                     (``channels.py``), depthwise convolutions fused into the 1x1
-                                     convolution after them (``fuse_depthwise.py``), weights marked
+                                     (``channels.py``), depthwise convolutions and per-channel
+                                     scalings fused into the 1x1 convolution after them
+                                     (``fuse_depthwise.py``, ``fuse_scale.py``), weights marked
                                      layout-free
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
@@ -21,6 +22,7 @@ from typing import Any
 from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_output_channels
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
+from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.weights import fold_constant_calls
@@ -40,7 +42,7 @@ def _cpu_passes():
 
 #: How untuned builds, and new tuning directories, form their kernels.
 UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, winograd_reuse=16,
-                          padded_channels=True, fused_depthwise=True)
+                          padded_channels=True, fused_depthwise=True, fused_scale=True)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -60,7 +62,9 @@ def prepare_passes(target, form: KernelForm) -> list:
     weights serves that many tiles). ``form.padded_channels`` (channels-last only): convolutions
     whose output channels the SIMD width does not divide compute a few more and crop them (``channels.py``).
     ``form.fused_depthwise`` (channels-last only): a depthwise convolution and the 1x1 convolution that
-    reads it are one kernel (``fuse_depthwise.py``).
+    reads it are one kernel (``fuse_depthwise.py``). ``form.fused_scale`` (channels-last only): a tensor
+    scaled per channel (a squeeze-and-excitation gate) and the 1x1 convolution that reads it are one
+    kernel (``fuse_scale.py``).
     """
     from tvm import relax
 
@@ -76,6 +80,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     for p in cpu.legalize_passes(target):
         if p.info.name == "FuseTIR" and form.channels_last and form.fused_depthwise:
             legalize.append(fuse_depthwise_pointwise(CpuInfo.of(target)))
+        if p.info.name == "FuseTIR" and form.channels_last and form.fused_scale:
+            legalize.append(fuse_channel_scale())
         legalize.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
     return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
 

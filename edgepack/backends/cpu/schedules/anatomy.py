@@ -214,8 +214,9 @@ def trivially_bound(sch, block) -> bool:
     return True
 
 
-def reduction_anatomy(sch) -> Anatomy | None:
-    """The anatomy of a kernel with exactly one reduction block, its producers inlined into it.
+def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
+    """The anatomy of a kernel with exactly one reduction block, its producers inlined into it (but
+    ``keep``, a block the caller schedules itself, and what it reads is inlined into it).
 
     None for kernels of another shape: no or several reductions, producers that cannot be inlined,
     symbolic extents."""
@@ -227,7 +228,9 @@ def reduction_anatomy(sch) -> Anatomy | None:
     block = blocks[index]
     pads = []
     for producer in blocks[:index]:
-        if is_padding(sch, producer):
+        if keep is not None and sch.get(producer).same_as(sch.get(keep)):
+            continue
+        if is_padding(sch, producer) and keep is None:
             pads.append(producer)
             continue
         try:

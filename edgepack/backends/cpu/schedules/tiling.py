@@ -147,6 +147,18 @@ def choose_tile(vector_extent: int, register_extent: int, lanes: int, cpu: CpuIn
     return best[1]
 
 
+def tile_for(anatomy: Anatomy, cpu: CpuInfo) -> Tile:
+    """The register tile ``register_tile`` gives ``anatomy``'s kernel by default."""
+    vector, register = anatomy.vector_axis, anatomy.register_axis
+    if vector is None:
+        raise ValueError("no output dimension longer than 1")
+    return choose_tile(anatomy.extents[vector], anatomy.extents[register] if register is not None else 1,
+                       cpu.lanes(anatomy.dtype_bits), cpu, anatomy.group_size(vector),
+                       depthwise=anatomy.window and anatomy.channel_reduction == 1,
+                       streamed=_output_bytes(anatomy) > STREAMED_OUTPUT_BYTES,
+                       reduction=prod(anatomy.extents[k] for k in anatomy.reduce) if register is not None else 0)
+
+
 def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None, *,
                   at_tile: Callable[[Any], None] | None = None) -> None:
     """Schedule ``anatomy``'s kernel as the loop nest in the module docstring (in place).
@@ -158,11 +170,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     vector, register = anatomy.vector_axis, anatomy.register_axis
     if vector is None:
         raise ValueError("no output dimension longer than 1")
-    tile = tile or choose_tile(anatomy.extents[vector], anatomy.extents[register] if register is not None else 1,
-                               cpu.lanes(anatomy.dtype_bits), cpu, anatomy.group_size(vector),
-                               depthwise=anatomy.window and anatomy.channel_reduction == 1,
-                               streamed=_output_bytes(anatomy) > STREAMED_OUTPUT_BYTES,
-                               reduction=prod(anatomy.extents[k] for k in anatomy.reduce) if register is not None else 0)
+    tile = tile or tile_for(anatomy, cpu)
 
     loops = sch.get_loops(block)
     v_outer, v_vectors, v_lanes = sch.split(loops[vector], [None, tile.vectors, tile.lanes])
