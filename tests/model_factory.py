@@ -563,6 +563,45 @@ def onnx_hardswish_convs(path: Path, *, seed: int = 0) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_squeeze_excitation(path: Path, *, seed: int = 0) -> Path:
+    """MobileNetV3's squeeze-and-excitation, three ways: after a depthwise convolution, the block's input
+    times a gate of one value per channel (global average pool, 1x1 convolutions to a quarter of the
+    channels and back, a hard sigmoid), projected by a 1x1 convolution, as in PP-OCR's classifier (72
+    channels, 12x20); the same gated by a sigmoid (computed per channel: edgepack keeps it apart from the
+    projection); and a wide one (960 channels at 6x10, more than a tile's stack buffer holds). Input
+    ``x`` [1, 16, 12, 20]; outputs ``y`` [1, 24, 12, 20], ``s`` [1, 24, 12, 20], ``w`` [1, 16, 6, 10]."""
+    from onnx import TensorProto, helper
+
+    layers = _ConvLayers(seed)
+    conv, nodes = layers.conv, layers.nodes
+
+    def squeeze_excite(x: str, name: str, channels: int, gate: str) -> str:
+        nodes.append(helper.make_node("GlobalAveragePool", [x], [name + "_pool"]))
+        h = conv(name + "_pool", name + "_down", channels // 4, channels, 1)
+        h = conv(h, name + "_up", channels, channels // 4, 1, relu6=False)
+        if gate == "hard":
+            nodes.append(helper.make_node("HardSigmoid", [h], [name + "_gate"], alpha=0.2, beta=0.5))
+        else:
+            nodes.append(helper.make_node("Sigmoid", [h], [name + "_gate"]))
+        nodes.append(helper.make_node("Mul", [x, name + "_gate"], [name + "_scaled"]))
+        return name + "_scaled"
+
+    h = conv("x", "expand1", 72, 16, 1)
+    h = conv(h, "dw1", 72, 72, 3, group=72)
+    conv(squeeze_excite(h, "se1", 72, "hard"), "y", 24, 72, 1, relu6=False)
+    h = conv("x", "expand2", 72, 16, 1)
+    h = conv(h, "dw2", 72, 72, 3, group=72)
+    conv(squeeze_excite(h, "se2", 72, "sigmoid"), "s", 24, 72, 1, relu6=False)
+    h = conv("x", "expand3", 960, 16, 1, stride=2)  # 6x10
+    conv(squeeze_excite(h, "se3", 960, "hard"), "w", 16, 960, 1, relu6=False)
+    graph = helper.make_graph(
+        nodes, "squeeze_excitation", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 12, 20]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 24, 12, 20]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [1, 16, 6, 10])], layers.inits)
+    return _save_opset17(graph, path)
+
+
 def onnx_large_weights(path: Path, *, seed: int = 0) -> Path:
     """Two fully connected layers with 12 MB of weights (512 -> 2048 -> 1024, a ReLU between) and little
     computation: a model whose loading adds whole huge pages of weights to the process."""

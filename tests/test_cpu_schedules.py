@@ -15,6 +15,7 @@ from model_factory import (
     onnx_hardswish_convs,
     onnx_layer_zoo,
     onnx_odd_channels,
+    onnx_squeeze_excitation,
     onnx_stems,
     onnx_streamed_depthwise,
     onnx_strided_convs,
@@ -150,6 +151,49 @@ def test_a_depthwise_convolution_and_the_pointwise_one_after_it_run_as_one_kerne
     convolutions = [f["name"] for f in report["functions"] if f["schedule"] == "cpu.Conv2D"]
     assert len(convolutions) == 4 and not any(name.count("conv2d") > 1 for name in convolutions), convolutions
     _assert_matches_reference(build, "host", threads=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def squeeze_excitation_model(tmp_path_factory):
+    return onnx_squeeze_excitation(tmp_path_factory.mktemp("se") / "se.onnx")
+
+
+def test_a_tensor_scaled_per_channel_and_the_projection_after_it_run_as_one_kernel(squeeze_excitation_model,
+                                                                                   tmp_path):
+    build = compile_model(squeeze_excitation_model, "host", tmp_path / "host").output_dir
+    report = _cpu_report(build)
+    assert report["unscheduled"] == [], report
+    merged = [f for f in report["functions"] if "clip" in f["name"] and "conv2d" in f["name"]]
+    # the two hard-sigmoid gates (72 and 960 channels); the sigmoid one FuseOps puts in the gate's kernel
+    assert len(merged) == 2 and all(f["schedule"] == "cpu.Conv2D" for f in merged), merged
+    assert not any("multiply" in f["name"] and f["schedule"] == "cpu.Injective" for f in report["functions"])
+    # 72 channels: each tile scales its pixels into a stack buffer inside the convolution's loop nest;
+    # 960: a tile's pixels would outgrow it, the scaling is a pass of its own before the convolution
+    nests = {name: n for name, (_rule, n) in _loop_nests(squeeze_excitation_model, None).items()
+             if "clip" in name and "conv2d" in name}
+    assert sorted(nests.values()) == [1, 2], nests
+    _assert_matches_reference(build, "host", threads=(1, 2))
+
+
+def test_older_tuning_directories_keep_the_scaling_apart(squeeze_excitation_model):
+    """Records tuned before the merge (``KernelForm.fused_scale`` off) name the kernels as they were."""
+    from dataclasses import replace
+
+    from edgepack.backends import get_backend
+    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
+    from edgepack.frontends import import_model
+    from edgepack.profiles import get_profile
+    from edgepack.tuning import extract_tasks
+
+    backend = get_backend("cpu")
+    target = backend.tuning_target(get_profile("host"), num_cores=1, here=True)
+    imported = import_model(squeeze_excitation_model, {})
+
+    def merged(form) -> int:
+        return sum("clip" in t.name and "conv2d" in t.name for t in extract_tasks(imported, backend, target, form)[0])
+
+    assert merged(UNTUNED_FORM) == 2
+    assert merged(replace(UNTUNED_FORM, fused_scale=False)) == 0
 
 
 def test_prepacked_weights_leave_no_instructions_behind(depthwise_pointwise_model):
@@ -290,6 +334,17 @@ def test_fused_kernels_and_their_epilogues_compute_the_same_under_qemu(depthwise
     hardswish = onnx_hardswish_convs(tmp_path / "hardswish.onnx")
     _assert_matches_reference(compile_model(hardswish, profile, tmp_path / f"{profile}-hardswish").output_dir,
                               "emulator", threads=(None, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_scalings_merged_into_their_projection_compute_the_same_under_qemu(squeeze_excitation_model, tmp_path,
+                                                                          profile):
+    build = compile_model(squeeze_excitation_model, profile, tmp_path / profile).output_dir
+    report = _cpu_report(build)
+    assert report["unscheduled"] == [], report
+    assert sum("clip" in f["name"] and "conv2d" in f["name"] for f in report["functions"]) == 2
+    _assert_matches_reference(build, "emulator", threads=(None, 2))
 
 
 def test_every_kernel_of_an_untuned_build_has_a_schedule_and_matches_onnxruntime(zoo, tmp_path):
