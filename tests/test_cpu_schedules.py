@@ -41,6 +41,14 @@ def _cpu_report(build_dir):
     return json.loads((build_dir / "manifest.json").read_text())["extra"]["cpu"]
 
 
+def _scheduled_build(model, profile: str, tmp_path):
+    """``model`` compiled for ``profile`` and its schedule report, every kernel taken by a rule."""
+    build = compile_model(model, profile, tmp_path / profile).output_dir
+    report = _cpu_report(build)
+    assert report["unscheduled"] == [], report
+    return build, report
+
+
 def _assert_matches_reference(build, on: str, threads=(None,)) -> None:
     """The build's outputs equal the reference runtime's (``validate``) where ``on`` says, at each thread
     count (None: the place's own setting)."""
@@ -140,9 +148,7 @@ def depthwise_pointwise_model(tmp_path_factory):
 
 def test_a_depthwise_convolution_and_the_pointwise_one_after_it_run_as_one_kernel(depthwise_pointwise_model,
                                                                                  tmp_path):
-    build = compile_model(depthwise_pointwise_model, "host", tmp_path / "host").output_dir
-    report = _cpu_report(build)
-    assert report["unscheduled"] == [], report
+    build, report = _scheduled_build(depthwise_pointwise_model, "host", tmp_path)
     fused = {f["name"] for f in report["functions"] if f["schedule"] == "cpu.DepthwisePointwise"}
     # MobileNetV2's block (residual), its stride-2 block, BlazeFace's (channel crop, padded residual, ReLU)
     assert len(fused) == 3 and any("strided_slice" in name and "relu" in name for name in fused), fused
@@ -160,9 +166,7 @@ def squeeze_excitation_model(tmp_path_factory):
 
 def test_a_tensor_scaled_per_channel_and_the_projection_after_it_run_as_one_kernel(squeeze_excitation_model,
                                                                                    tmp_path):
-    build = compile_model(squeeze_excitation_model, "host", tmp_path / "host").output_dir
-    report = _cpu_report(build)
-    assert report["unscheduled"] == [], report
+    build, report = _scheduled_build(squeeze_excitation_model, "host", tmp_path)
     merged = [f for f in report["functions"] if "clip" in f["name"] and "conv2d" in f["name"]]
     # the two hard-sigmoid gates (72 and 960 channels); the sigmoid one FuseOps puts in the gate's kernel
     assert len(merged) == 2 and all(f["schedule"] == "cpu.Conv2D" for f in merged), merged
@@ -340,9 +344,7 @@ def test_fused_kernels_and_their_epilogues_compute_the_same_under_qemu(depthwise
 @pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
 def test_scalings_merged_into_their_projection_compute_the_same_under_qemu(squeeze_excitation_model, tmp_path,
                                                                           profile):
-    build = compile_model(squeeze_excitation_model, profile, tmp_path / profile).output_dir
-    report = _cpu_report(build)
-    assert report["unscheduled"] == [], report
+    build, report = _scheduled_build(squeeze_excitation_model, profile, tmp_path)
     assert sum("clip" in f["name"] and "conv2d" in f["name"] for f in report["functions"]) == 2
     _assert_matches_reference(build, "emulator", threads=(None, 2))
 
