@@ -215,8 +215,10 @@ def trivially_bound(sch, block) -> bool:
 
 
 def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
-    """The anatomy of a kernel with exactly one reduction block, its producers inlined into it (but
-    ``keep``, a block the caller schedules itself, and what it reads is inlined into it).
+    """The anatomy of a kernel with exactly one reduction block, its producers inlined into it, padding
+    apart. ``keep``: a producer the caller schedules itself (``cpu.Conv2D``'s per-channel scaling of a
+    1x1 convolution's input); what it reads is inlined into it, and the rest, padding too (a 1x1
+    convolution's is a plain copy), into the reduction.
 
     None for kernels of another shape: no or several reductions, producers that cannot be inlined,
     symbolic extents."""

@@ -45,7 +45,7 @@ class Conv2D(CpuRule):
             register_tile(sch, anatomy, cpu)
             return True
         tile = tile_for(anatomy, cpu)
-        channels = int(anatomy.reads[0].buffer.shape[-1])
+        channels = int(anatomy.reads[0].buffer.shape[-1])  # input channels (the data's and the weights' last axis)
         if tile.repeat * channels * anatomy.dtype_bits // 8 > MAX_SCALED_TILE_BYTES:
             register_tile(sch, anatomy, cpu, tile)  # the scaling a pass of its own (``schedule_leftovers``)
             return True
