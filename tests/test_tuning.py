@@ -501,11 +501,12 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
     out = tmp_path / "tuning"
     batch, trials = 8, 40
-    # its two heaviest convolutions: each first measures its default schedule (a baseline in defaults.json,
-    # not a record), then gets a probe batch (4), then batches of 8 revisit them
+    # its two heaviest convolutions (the second merged with the per-channel scaling before it): each first
+    # measures its default schedule (a baseline in defaults.json, not a record), then gets a probe batch
+    # (4), then batches of 8 revisit them
     command = ("tune", str(model.path), "--input-shape", "x:1,3,48,192", "--profile", "host", "--on", "host",
                "-o", str(out), "--trials", str(trials), "--batch", str(batch),
-               "--task", "fused_conv2d36_", "--task", "fused_conv2d40_")
+               "--task", "_conv2d36_", "--task", "_conv2d40_")
 
     # 1. Ctrl-C once the first batch is recorded: the batch in flight is finished and recorded, exit 130
     proc = _popen_cli(*command)
@@ -537,7 +538,7 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     assert records == distinct == trials  # no schedule was measured twice across the four runs
     assert result["runs"] == 3
     # each tuned task's default schedule was measured once, as the baseline its records must beat
-    tuned = [t for t in load_tuning(out).tasks if t.name.startswith(("fused_conv2d36_", "fused_conv2d40_"))]
+    tuned = [t for t in load_tuning(out).tasks if "_conv2d36_" in t.name or "_conv2d40_" in t.name]
     assert len(tuned) == 2 and all(t.default_seconds and t.default_rule == "cpu.Conv2D" for t in tuned)
     # the run that finished checked, inside the model, every record that beat its default alone, at the
     # tuning's thread count and at one thread
@@ -554,9 +555,9 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
     summary = load_tuning(out)
     # a new host directory: weights layout-free while tuning, timed out of the cache as in the model, NHWC
     assert summary.meta.weight_prepack and summary.meta.cold_weights and summary.meta.channels_last \
-        and summary.meta.winograd == 4
+        and summary.meta.winograd == 4 and summary.meta.fused_scale
     tuned = [t for t in summary.tasks if t.trials]
-    assert sorted(t.name.split("_")[1] for t in tuned) == ["conv2d36", "conv2d40"]
+    assert sorted(["_conv2d36_" in t.name, "_conv2d40_" in t.name] for t in tuned) == [[False, True], [True, False]]
     assert all(t.best_seconds for t in tuned)
     assert sum(t.share for t in tuned) == pytest.approx(1.0)
 
