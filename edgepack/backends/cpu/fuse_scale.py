@@ -5,16 +5,16 @@ value per channel (the hard sigmoid of a pooled, twice-projected copy of it), an
 projects the product. As two kernels the product is written whole and read back; at 2 threads half
 of what the second kernel reads comes from the other core's cache, and PP-OCR cls's two largest such
 products (2x96x200 and 3x96x88) took 33 us of its 317 (Zen 4, 2 threads), more than at 1 thread.
-Merged, the convolution multiplies each input value by its channel's gate as it loads it (the product
-``x * g`` rounded as before, then ``* w``: the same numbers to the bit) and the product never exists.
+Merged, each tile of the convolution's pixels first scales its pixels (every channel) into a buffer on
+the stack and its register tile reads them from L1 (``cpu.Conv2D``; the product ``x * g`` rounded as
+before, then ``* w``: the same numbers to the bit): the product is never written to memory.
 
 This pass runs after ``FuseOps`` and before ``FuseTIR`` (``fusion.py``): where a fused function of
 elementwise operations only, whose output has the shape of one of its inputs and whose other inputs
 hold one value per channel (channels-last), is read only by a channels-last 1x1 convolution of stride 1
-as its data, the two become one fused function. The convolution's rule (``cpu.Conv2D``) inlines the
-product into its reduction and takes the gate as a third operand, read once per input channel.
-Functions that compute anything costly per element (``exp``, ``tanh``...: a sigmoid gate) are left
-apart: inlined, that would run once per pixel and tile of output channels instead of once per channel.
+as its data, the two become one fused function. Functions that compute anything costly per element
+(``exp``, ``tanh``...: a sigmoid gate) are left apart: merged, the gate would be computed again for
+every pixel instead of once per channel.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from math import prod
 
 from edgepack.backends.cpu.fuse_depthwise import pointwise_convolution
 from edgepack.backends.cpu.fusion import fusion_pass, kernel_calls, merge_pairs
+from edgepack.backends.relax_exprs import dtype_of, static_shape
 
 
 def fuse_channel_scale():
@@ -38,14 +39,12 @@ def fuse_channel_scale():
 def channel_scale(mod, func) -> bool | None:
     """True for a fused function that scales a channels-last tensor by one value per channel with
     elementwise arithmetic alone (no function calls per element), else None."""
-    from tvm import relax
-
     calls = kernel_calls(func)
     if not calls or not all(_elementwise(mod[call.args[0]]) for call in calls):
         return None
-    shape = _static_shape(func.ret_ty)
-    inputs = [_static_shape(p.ty) for p in func.params if isinstance(p.ty, relax.TensorType)]
-    if shape is None or len(shape) != 4 or None in inputs or len(inputs) != len(func.params):
+    shape = _float32_shape(func.body)
+    inputs = [_float32_shape(p) for p in func.params]
+    if shape is None or len(shape) != 4 or None in inputs:
         return None
     channels = shape[-1]
     data = [s for s in inputs if s == shape]
@@ -54,15 +53,9 @@ def channel_scale(mod, func) -> bool | None:
     return True if len(data) == 1 and gates and per_channel and channels > 1 else None
 
 
-def _static_shape(ty) -> list[int] | None:
-    from tvm import relax, tirx
-
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or str(ty.dtype) != "float32":
-        return None
-    values = getattr(ty.shape, "values", None)
-    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
-        return None
-    return [int(v) for v in values]
+def _float32_shape(expr) -> list[int] | None:
+    shape = static_shape(expr)
+    return list(shape) if shape is not None and dtype_of(expr) == "float32" else None
 
 
 def _elementwise(prim_func) -> bool:
