@@ -226,10 +226,9 @@ def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int
     return samples
 
 
-def model_gflop(path: Path, shapes) -> float:
-    """The model's GFLOP per inference as TVM counts its kernels (a multiply-add is two), every
-    convolution counted direct: the same work whichever algorithm a runtime picks, so that GFLOP/s
-    compare across runtimes."""
+def host_tasks(path: Path, shapes, direct: bool = False) -> list:
+    """The kernels of the model's untuned host build as tuning tasks (name, calls per inference, FLOP as
+    TVM counts them; ``direct``: 3x3 convolutions as direct convolutions, not Winograd kernels)."""
     from dataclasses import replace
 
     from edgepack.backends import get_backend
@@ -240,9 +239,15 @@ def model_gflop(path: Path, shapes) -> float:
 
     backend = get_backend("cpu")
     target = backend.tuning_target(get_profile("host"), num_cores=1, here=True)
-    tasks, _ = extract_tasks(import_model(path, input_shapes=shapes), backend, target,
-                             replace(UNTUNED_FORM, winograd=0))
-    return sum(t.flop * t.weight for t in tasks) / 1e9
+    form = replace(UNTUNED_FORM, winograd=0) if direct else UNTUNED_FORM
+    return extract_tasks(import_model(path, input_shapes=shapes), backend, target, form)[0]
+
+
+def model_gflop(path: Path, shapes) -> float:
+    """The model's GFLOP per inference as TVM counts its kernels (a multiply-add is two), every
+    convolution counted direct: the same work whichever algorithm a runtime picks, so that GFLOP/s
+    compare across runtimes."""
+    return sum(t.flop * t.weight for t in host_tasks(path, shapes, direct=True)) / 1e9
 
 
 def sgemm_gflops(threads: int, n: int = 512, runs: int = 50) -> float:

@@ -28,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench import host_tasks  # the bench's kernels and FLOP counts, said once
 
 VM_BOOKKEEPING = "vm.builtin."  # allocation and shape checks: not kernels, and done once in a replay
 PREPACKED = "_prepacked"  # the name a kernel takes when its weight layout is rewritten at compile time
@@ -69,18 +72,8 @@ def record_calls(vm, args) -> list[tuple[str, object, list]]:
 
 def kernel_flops(build: Path, manifest) -> dict[str, float]:
     """FLOP per call of each kernel of the build's model, by the name it has before weight prepacking."""
-    from edgepack.backends import get_backend
-    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
-    from edgepack.frontends import import_model
-    from edgepack.profiles import get_profile
-    from edgepack.tuning import extract_tasks
-
-    backend = get_backend("cpu")
-    target = backend.tuning_target(get_profile("host"), num_cores=1, here=True)
     shapes = {t.name: [int(d) for d in t.shape] for t in manifest.inputs}
-    tasks, _ = extract_tasks(import_model(build / manifest.model_file, input_shapes=shapes), backend, target,
-                             UNTUNED_FORM)
-    return {t.name: t.flop for t in tasks}
+    return {t.name: t.flop for t in host_tasks(build / manifest.model_file, shapes)}
 
 
 def profile_build(build: Path, threads: int, runs: int, warmup: int = 5, flops: dict[str, float] | None = None) -> Profile:
