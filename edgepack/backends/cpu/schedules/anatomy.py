@@ -217,8 +217,7 @@ def trivially_bound(sch, block) -> bool:
 def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
     """The anatomy of a kernel with exactly one reduction block, its producers inlined into it, padding
     apart. ``keep``: a producer the caller schedules itself (``cpu.Conv2D``'s per-channel scaling of a
-    1x1 convolution's input); what it reads is inlined into it, and the rest, padding too (a 1x1
-    convolution's is a plain copy), into the reduction.
+    1x1 convolution's input); what it reads is inlined into it.
 
     None for kernels of another shape: no or several reductions, producers that cannot be inlined,
     symbolic extents."""
@@ -232,7 +231,7 @@ def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
     for producer in blocks[:index]:
         if keep is not None and sch.get(producer).same_as(sch.get(keep)):
             continue
-        if is_padding(sch, producer) and keep is None:
+        if is_padding(sch, producer):
             pads.append(producer)
             continue
         try:
