@@ -42,8 +42,6 @@ class ScheduleReport:
     pipeline: str
     rules: tuple[str, ...]
     functions: list[ScheduledFunction] = field(default_factory=list)
-    # kernels that walk their parallel loops backwards (they read a large activation; backends/cpu/loop_direction.py)
-    backward: list[str] = field(default_factory=list)
 
     @property
     def unscheduled(self) -> list[str]:
@@ -66,7 +64,6 @@ class ScheduleReport:
             "unscheduled": self.unscheduled,
             "functions": [{"name": f.name, "schedule": f.schedule, "kernels": list(f.kernels)}
                           for f in self.functions],
-            "backward": list(self.backward),
         }
 
 

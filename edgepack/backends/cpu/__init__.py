@@ -43,8 +43,7 @@ class CpuBackend(Backend):
         from tvm import relax
 
         record: dict[str, str] = {}
-        backward: list[str] = []
-        pipeline, rules = cpu_pipeline(target, record, records, backward)
+        pipeline, rules = cpu_pipeline(target, record, records)
         try:
             if system_lib:
                 executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
@@ -58,8 +57,7 @@ class CpuBackend(Backend):
                 "This is a gap in TVM's code generation for this model; please report it with the model attached.",
             ) from exc
         report = ScheduleReport(target=str(target), pipeline=describe_pipeline(records), rules=rules,
-                                functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())],
-                                backward=backward)
+                                functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())])
         return Build(executable, report)
 
     def tir_pipeline(self) -> str:

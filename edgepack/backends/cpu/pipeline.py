@@ -10,8 +10,6 @@ builds, MetaSchedule's records applied first.
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
     weight layouts folded            each kernel's weight rewrite runs once, here, on the constants
-    loop directions                  kernels reading a large activation marked to walk it backwards
-                                     (``loop_direction.py``; the TIR pipeline reverses their loops)
     lower, finalize                  TVM's CPU passes
 """
 
@@ -25,7 +23,6 @@ from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_output_channels
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
-from edgepack.backends.cpu.loop_direction import mark_backward_kernels
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.weights import fold_constant_calls
@@ -151,12 +148,10 @@ def _split_layout_rewrites():
     return _pass
 
 
-def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None,
-                 backward: list[str] | None = None):
+def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None):
     """The pipeline (a module pass) and the names of what can schedule a kernel in it.
 
-    ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none";
-    ``backward`` the kernels that walk their parallel loops backwards (``loop_direction.py``). Untuned
+    ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none". Untuned
     builds form their kernels as ``UNTUNED_FORM``; a tuned build as its records were tuned (older tuning
     directories: NCHW, the model's weight layout, direct 3x3 convolutions)."""
     import tvm
@@ -178,7 +173,6 @@ def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None =
                 *tuned,
                 recording_schedule_pass(rules, record),
                 *(weight_prepack_passes() if form.weight_prepack else []),
-                mark_backward_kernels(backward),
                 *cpu.dataflow_lower_passes(target),
                 *cpu.finalize_passes(target),
             ])

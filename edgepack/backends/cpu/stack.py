@@ -9,8 +9,7 @@ tile on the stack (one thread either way). So CPU builds lower every buffer of a
 ``STACK_LIMIT_BYTES`` to a stack slot (the runtime's and a phone's worker threads have at least
 512 KiB of stack), through TVM's own opt-out of the workspace call (``disable_lower_builtin``).
 
-``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass, and the reversal of the
-parallel loops of the kernels marked to walk them backwards (``loop_direction.py``), added before
+``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass added before
 ``LowerTVMBuiltin`` and returns its name (candidates built for tuning use it too, so that records and
 default schedules are timed alike). TVM is imported only then: ``edgepack --help`` does not need it.
 """
@@ -19,8 +18,6 @@ from __future__ import annotations
 
 import functools
 from math import prod
-
-from edgepack.backends.cpu.loop_direction import reverse_parallel_loops
 
 TIR_PIPELINE = "edgepack-cpu"
 STACK_LIMIT_BYTES = 16 * 1024
@@ -63,8 +60,7 @@ def _pipeline():
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return lower, lambda: tvm.transform.Sequential([_stack_allocations(), reverse_parallel_loops(),
-                                                               finalize_host()]), finalize_device
+    return lower, lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device
 
 
 @functools.cache
