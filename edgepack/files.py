@@ -1,10 +1,11 @@
-"""Files that are never left half-written: hashes, cross-process locks, atomic output directories,
-and the one cache pattern (lock, build aside, rename) every cached artifact uses."""
+"""Files that are never left half-written: hashes, cross-process locks, atomic files and output
+directories, and the one cache pattern (lock, build aside, rename) every cached artifact uses."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -72,13 +73,36 @@ def atomic_directory(path: Path, force: bool = False) -> Iterator[Path]:
         raise
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file through a temporary name and a rename."""
+@contextmanager
+def atomic_file(path: Path | str) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the caller to write; when the block ends without an error the
+    file is flushed to disk and renamed to ``path`` (a reader sees the old file or the whole new one, also
+    after a crash), otherwise removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Write a text file through ``atomic_file``."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json_atomic(path: Path | str, data) -> None:
+    """Write ``data`` as indented JSON (keys sorted) through ``atomic_file``."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def cached_directory(root: Path, make: Callable[[Path], None], *,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgepack.files import atomic_file
+
 # (expansion, output channels, repeats, first stride), as in the MobileNetV2 paper
 _MOBILENETV2_BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
                        (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
@@ -95,8 +97,6 @@ def write_mobilenetv2(path: Path, **kwargs) -> Path:
     import onnx
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    onnx.save(mobilenetv2(**kwargs), str(tmp))
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        onnx.save(mobilenetv2(**kwargs), str(tmp))
     return path

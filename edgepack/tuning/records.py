@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from edgepack.backends import Backend, KernelForm, TuningRecords, backend_for, target_dict
 from edgepack.errors import EdgepackError
+from edgepack.files import atomic_file, write_json_atomic
 from edgepack.frontends import ImportedModel
 from edgepack.profiles import Profile
 from edgepack.versions import installed_tvm
@@ -283,15 +284,6 @@ def format_duration(seconds: float | None) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
 
 
 def read_json(path: Path) -> Any:
@@ -552,9 +544,8 @@ def repair_database(directory: Path | str) -> list[str]:
             keep = [r for r in records.values if 0 <= r[0] < n_workloads]
             backup = records_path.with_name(f"{RECORD_FILE}.damaged-{int(time.time())}")
             shutil.copyfile(records_path, backup)
-            tmp = records_path.with_name(f".{RECORD_FILE}.tmp")
-            tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep))
-            tmp.replace(records_path)
+            with atomic_file(records_path) as tmp:
+                tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep))
             done.append(f"rewrote {RECORD_FILE} without {records.ignored + len(dangling)} unreadable lines "
                         f"(the original is kept as {backup.name})")
     return done

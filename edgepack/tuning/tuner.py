@@ -38,6 +38,7 @@ from typing import Any
 
 from edgepack.backends import Backend, backend_for, target_dict
 from edgepack.errors import first_line
+from edgepack.files import write_json_atomic
 from edgepack.frontends import ImportedModel, import_model
 from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.progress import Progress
@@ -69,7 +70,6 @@ from edgepack.tuning.records import (
     record_default,
     record_seconds,
     repair_database,
-    write_json_atomic,
 )
 from edgepack.tuning.search import (
     Control,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.errors import EdgepackError, ToolchainError
-from edgepack.files import file_sha256
+from edgepack.files import atomic_file, file_sha256
 from edgepack.manifest import BuildManifest
 from edgepack.packaging.android.elf import check_abi_library
 from edgepack.packaging.android.java import (
@@ -157,21 +157,14 @@ def assemble_aar(
                 raise EdgepackError(f"Two libraries named {lib.name} for {abi}.")
             names.add(lib.name)
             checked.append((f"jni/{abi}/{lib.name}", lib))
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as aar:
-            zip_write(aar, "AndroidManifest.xml", manifest)
-            zip_write(aar, "classes.jar", Path(classes_jar).read_bytes())
-            zip_write(aar, "R.txt", "")
-            if proguard is not None:
-                zip_write(aar, "proguard.txt", proguard)
-            for name, lib in checked:
-                zip_write(aar, name, lib.read_bytes())
-        tmp.replace(out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(out_path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as aar:
+        zip_write(aar, "AndroidManifest.xml", manifest)
+        zip_write(aar, "classes.jar", Path(classes_jar).read_bytes())
+        zip_write(aar, "R.txt", "")
+        if proguard is not None:
+            zip_write(aar, "proguard.txt", proguard)
+        for name, lib in checked:
+            zip_write(aar, name, lib.read_bytes())
     return out_path
 
 

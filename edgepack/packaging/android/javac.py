@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from edgepack.errors import ToolchainError
+from edgepack.files import atomic_file
 from edgepack.packaging.android.java import android_stub_sources
 from edgepack.progress import Progress
 from edgepack.versions import __version__
@@ -88,13 +89,10 @@ def make_jar(classes_dir: Path, jar_path: Path, *, packages: Sequence[str] | Non
     prefixes = tuple(p.replace(".", "/") + "/" for p in packages) if packages else None
     entries = sorted(p for p in classes_dir.rglob("*.class")
                      if prefixes is None or p.relative_to(classes_dir).as_posix().startswith(prefixes))
-    jar_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = jar_path.with_name(f".{jar_path.name}.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as jar:
+    with atomic_file(jar_path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as jar:
         zip_write(jar, "META-INF/MANIFEST.MF", f"Manifest-Version: 1.0\r\nCreated-By: edgepack {__version__}\r\n\r\n")
         for path in entries:
             zip_write(jar, path.relative_to(classes_dir).as_posix(), path.read_bytes())
-    tmp.replace(jar_path)
     return jar_path
 
 
