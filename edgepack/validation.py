@@ -4,18 +4,22 @@ same inputs, and compare every output."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgepack.frontends.reference import run_reference
-from edgepack.manifest import read_manifest
+from edgepack.degenerate import degeneracy, input_independent
+from edgepack.errors import EdgepackError
+from edgepack.frontends.reference import reference_outputs
+from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.processing import manifest_plan, picture_frames, random_frames, run_processed_reference
 from edgepack.progress import Progress
+from edgepack.run.c_runner import runner_file_name
 from edgepack.run.places import parse_place
-from edgepack.tensors import check_inputs, load_inputs, random_inputs
+from edgepack.run.results import RunOutputs
+from edgepack.tensors import TensorSpec, check_inputs, load_inputs, random_inputs
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -30,6 +34,8 @@ class OutputComparison:
     max_rel_error: float  # max |actual - expected| relative to the largest |expected|
     mismatched: int  # elements outside atol + rtol * |expected|
     passed: bool
+    problem: str = ""  # why it could not be compared at all: missing, extra, named otherwise, another shape
+    degenerate: str = ""  # why the reference output cannot show a wrong build ("" when it can): edgepack.degenerate
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,11 @@ class ValidationReport:
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
+    @property
+    def degenerate(self) -> bool:
+        """Whether some output's reference could not show a wrong build (``OutputComparison.degenerate``)."""
+        return any(o.degenerate for o in self.outputs)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "build_dir": str(self.build_dir),
@@ -57,6 +68,7 @@ class ValidationReport:
             "atol": self.atol,
             "rtol": self.rtol,
             "passed": self.passed,
+            "degenerate": self.degenerate,
             "seconds": round(self.seconds, 3),
             "inputs": self.inputs,
             "outputs": [asdict(o) | {"shape": list(o.shape)} for o in self.outputs],
@@ -68,7 +80,8 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rt
     actual = np.asarray(actual)
     if actual.shape != expected.shape:
         return OutputComparison(name, str(actual.dtype), tuple(actual.shape), float("inf"), float("inf"),
-                                int(expected.size), False)
+                                int(expected.size), False,
+                                f"shape {list(actual.shape)}, the reference's {list(expected.shape)}")
     a, e = actual.astype(np.float64), expected.astype(np.float64)
     diff = np.abs(a - e)
     finite = np.isfinite(a) == np.isfinite(e)
@@ -84,12 +97,75 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rt
 
 
 def merge(runs: list[tuple[OutputComparison, ...]]) -> tuple[OutputComparison, ...]:
-    """Per output, the worst of several runs' comparisons (errors at their largest, mismatches summed)."""
+    """Per output, the worst of several runs' comparisons (errors at their largest, mismatches summed, the
+    first problem)."""
     return tuple(
         OutputComparison(same[0].name, same[0].dtype, same[0].shape, max(c.max_abs_error for c in same),
                          max(c.max_rel_error for c in same), sum(c.mismatched for c in same),
-                         all(c.passed for c in same))
+                         all(c.passed for c in same), next((c.problem for c in same if c.problem), ""))
         for same in zip(*runs))
+
+
+def _failed(spec: TensorSpec, problem: str) -> OutputComparison:
+    size = int(np.prod([int(d) for d in spec.shape])) if spec.shape else 1
+    return OutputComparison(spec.name, spec.dtype, tuple(int(d) for d in spec.shape), float("inf"), float("inf"),
+                            size, False, problem)
+
+
+def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: dict[str, np.ndarray],
+                    atol: float, rtol: float) -> tuple[OutputComparison, ...]:
+    """Every output of the model (``specs``) against the reference's ``expected`` (by name): first that the
+    run returned as many outputs as the model has, named as the model names them where the running side
+    reports names, then their values."""
+    compared = []
+    for i, spec in enumerate(specs):
+        if i >= len(ran.arrays):
+            compared.append(_failed(spec, f"missing: {ran.ran_on} returned {len(ran.arrays)} of the model's "
+                                          f"{len(specs)} outputs"))
+        elif spec.name not in expected:
+            compared.append(_failed(spec, f"the reference model has no output {spec.name!r} (its outputs: "
+                                          f"{', '.join(expected)}): the build was made from another model"))
+        elif ran.names is not None and i < len(ran.names) and ran.names[i] != runner_file_name(spec.name):
+            compared.append(_failed(spec, f"{ran.ran_on} returned output {i} as {ran.names[i]!r}, not "
+                                          f"{spec.name!r}: the library was made from another model"))
+        else:
+            compared.append(compare(spec.name, ran.arrays[i], expected[spec.name], atol, rtol))
+    for i in range(len(specs), len(ran.arrays)):
+        extra = TensorSpec(ran.names[i] if ran.names and i < len(ran.names) else f"output {i}",
+                           str(ran.arrays[i].dtype), tuple(ran.arrays[i].shape))
+        compared.append(_failed(extra, f"extra: {ran.ran_on} returned {len(ran.arrays)} outputs, the model has "
+                                       f"{len(specs)}"))
+    return tuple(compared)
+
+
+def _with_degeneracy(compared: tuple[OutputComparison, ...], references: list[dict[str, np.ndarray]],
+                     probe: dict[str, np.ndarray] | None, atol: float, rtol: float) -> tuple[OutputComparison, ...]:
+    """``compared`` with each output marked degenerate where the reference output of every run compared is
+    (``edgepack.degenerate.degeneracy``), or where the reference gives the same for all of them and for
+    the ``probe``'s other inputs."""
+    marked = []
+    for c in compared:
+        values = [r[c.name] for r in references if c.name in r]
+        reasons = [degeneracy(v, atol, rtol) for v in values]
+        why = reasons[0] if reasons and all(reasons) else ""
+        others = values[1:] + ([probe[c.name]] if probe is not None and c.name in probe else [])
+        if not why and values and others:
+            same = [input_independent(values[0], v) for v in others]
+            why = same[0] if all(same) else ""
+        marked.append(replace(c, degenerate=why))
+    return tuple(marked)
+
+
+def _probe(build_dir: Path, manifest: BuildManifest, feeds: dict[str, np.ndarray],
+           seed: int) -> dict[str, np.ndarray] | None:
+    """The reference's outputs for other seeded inputs than ``feeds`` (None where the model refuses them)."""
+    other = random_inputs(manifest.inputs, seed + 1)
+    if all(np.array_equal(other[k], v) for k, v in feeds.items() if k in other):
+        other = random_inputs(manifest.inputs, seed + 2)
+    try:
+        return reference_outputs(build_dir / manifest.model_file, manifest.model_format, other)
+    except EdgepackError:
+        return None
 
 
 def validate(
@@ -135,18 +211,23 @@ def validate(
         runs, fed = [load_inputs(Path(inputs), manifest.inputs)], f"inputs from {inputs}"
     started = time.perf_counter()
     compared = []
+    references: list[dict[str, np.ndarray]] = []
     ran_on = ""
     for feeds in runs:
-        actual, ran_on = place.run(build_dir, manifest, feeds, threads=threads, progress=progress)
+        ran = place.run(build_dir, manifest, feeds, threads=threads, progress=progress)
+        ran_on = ran.ran_on
         if plan is None:
-            expected = run_reference(build_dir / manifest.model_file, manifest.model_format, feeds, manifest.outputs)
+            expected = reference_outputs(build_dir / manifest.model_file, manifest.model_format, feeds)
         else:
             reference_run = run_processed_reference(build_dir / manifest.model_file, manifest.model_format, plan, feeds)
-            expected = reference_run.expected(actual, atol, rtol)
-        compared.append(tuple(compare(spec.name, a, e, atol, rtol)
-                              for spec, a, e in zip(manifest.outputs, actual, expected)))
+            actual = ran.arrays if len(ran.arrays) == len(manifest.outputs) else \
+                [np.asarray(e) for e in reference_run.outputs]
+            expected = dict(zip(reference_run.names, reference_run.expected(actual, atol, rtol)))
+        references.append(expected)
+        compared.append(compare_outputs(manifest.outputs, ran, expected, atol, rtol))
+    probe = _probe(build_dir, manifest, runs[0], seed) if plan is None and len(runs) == 1 else None
     reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
     if plan is not None:
         reference += " with the processing as ONNX (pre) and NumPy (post)"
-    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, merge(compared),
-                            time.perf_counter() - started, fed)
+    outputs = _with_degeneracy(merge(compared), references, probe, atol, rtol)
+    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, outputs, time.perf_counter() - started, fed)

@@ -136,7 +136,10 @@ def validate(
     threads: ThreadsOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run a build and compare every output with ONNX Runtime / LiteRT. Exits 1 on mismatch."""
+    """Run a build and compare every output with ONNX Runtime / LiteRT. Exits 1 on mismatch.
+
+    Warns where the reference output could not show a wrong build (constant, the same for every input,
+    saturated probabilities, a near tie at the decision): `degenerate` in --json."""
     with render.steps(quiet=as_json) as step:
         step(f"Running {build} on {on} and the reference")
         report = edgepack.validate(build, on, inputs=inputs, seed=seed, atol=atol, rtol=rtol, inventory=inventory,

@@ -174,6 +174,14 @@ def validation_report(report) -> None:
         table.add_row(o.name, _shape(o.shape), f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
                       str(o.mismatched), "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]")
     console.print(table)
+    for o in report.outputs:
+        if o.problem:
+            console.print(f"[bold red]{o.name}[/]: {o.problem}", highlight=False)
+    for o in report.outputs:
+        if o.degenerate:
+            console.print(f"[yellow]warning[/]: the reference output {o.name!r} is degenerate ({o.degenerate}); "
+                          "a wrong build could pass on it. Validate with inputs that give a decisive output "
+                          "(--inputs inputs.npz, or another --seed).", highlight=False)
     if report.passed:
         console.print(f"[bold green]PASS[/] all {len(report.outputs)} outputs match the reference"
                       + (f" on {report.inputs}." if report.inputs else "."), highlight=False)

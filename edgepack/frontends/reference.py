@@ -11,20 +11,34 @@ from pathlib import Path
 
 import numpy as np
 
-from edgepack.errors import EdgepackError
+from edgepack.errors import EdgepackError, ValidationError
 from edgepack.tensors import ModelFormat, TensorSpec
+
+
+def reference_outputs(model: Path, model_format: ModelFormat, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the model on ``inputs`` with the reference runtime: every output of the model, by name, in its order."""
+    if model_format == "onnx":
+        return _run_onnxruntime(model, inputs)
+    return _run_litert(model, inputs)
 
 
 def run_reference(
     model: Path, model_format: ModelFormat, inputs: dict[str, np.ndarray], outputs: tuple[TensorSpec, ...]
 ) -> list[np.ndarray]:
-    """Run the model on ``inputs`` with the reference runtime; outputs in manifest order."""
-    if model_format == "onnx":
-        return _run_onnxruntime(model, inputs, outputs)
-    return _run_litert(model, inputs, outputs)
+    """Run the model on ``inputs`` with the reference runtime; the ``outputs`` named, in their order. An
+    output the model does not have is an error (the build was made from another model)."""
+    found = reference_outputs(model, model_format, inputs)
+    missing = [o.name for o in outputs if o.name not in found]
+    if missing:
+        raise ValidationError(
+            f"{model.name} has no output named {', '.join(map(repr, missing))} (its outputs: "
+            f"{', '.join(map(repr, found))}): the build was made from another model than the one beside it.",
+            "Compile the model again into a new directory.",
+        )
+    return [found[o.name] for o in outputs]
 
 
-def _run_onnxruntime(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[TensorSpec, ...]):
+def _run_onnxruntime(model: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     try:
         import onnxruntime as ort
     except ImportError as exc:
@@ -44,12 +58,10 @@ def _run_onnxruntime(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[
             "may select a branch the model cannot run for these shapes (e.g. Silero VAD's sample rate sr). "
             "Pass real inputs with --inputs inputs.npz.",
         ) from exc
-    by_name = dict(zip(names, results))
-    return [np.asarray(by_name[o.name]) if o.name in by_name else np.asarray(results[i])
-            for i, o in enumerate(outputs)]
+    return {name: np.asarray(result) for name, result in zip(names, results)}
 
 
-def _run_litert(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[TensorSpec, ...]):
+def _run_litert(model: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError as exc:
@@ -61,10 +73,7 @@ def _run_litert(model: Path, inputs: dict[str, np.ndarray], outputs: tuple[Tenso
     for detail in interpreter.get_input_details():
         interpreter.set_tensor(detail["index"], inputs[detail["name"]])
     interpreter.invoke()
-    details = interpreter.get_output_details()
-    by_name = {d["name"]: d for d in details}
-    return [np.array(interpreter.get_tensor((by_name.get(o.name) or details[i])["index"]))
-            for i, o in enumerate(outputs)]
+    return {d["name"]: np.array(interpreter.get_tensor(d["index"])) for d in interpreter.get_output_details()}
 
 
 @contextmanager

@@ -46,9 +46,10 @@ STATUS_HINTS = {
 
 @dataclass(frozen=True)
 class RunResult:
-    outputs: list[np.ndarray]
+    outputs: list[np.ndarray]  # every output the runner wrote, in its order (the model library's metadata)
     seconds: float
     command: list[str]
+    names: tuple[str, ...] = ()  # the names it wrote them under ([A-Za-z0-9._-] kept, the rest as '_')
 
 
 def _hint_for(message: str) -> str:
@@ -123,13 +124,17 @@ def run_c_runner(command_prefix: list[str], runner: Path, model_library: Path | 
             message = lines[-1] if lines else f"no output (signal {-result.returncode})" if result.returncode < 0 \
                 else "no output"
             raise EdgepackError(f"{runner.name} failed (exit {result.returncode}): {message}", _hint_for(message))
-        arrays = []
-        for i, spec in enumerate(outputs):
-            found = sorted(out_dir.glob(f"{i}_*.npy"))
-            if not found:
-                raise EdgepackError(f"{runner.name} wrote no output {i}.", "This is a bug; please report it.")
-            arrays.append(read_runner_output(found[0], spec))
-        return RunResult(arrays, seconds, argv)
+        arrays, names = [], []
+        for path in sorted(out_dir.glob("*.npy"), key=lambda p: int(p.name.split("_", 1)[0])):
+            i = len(arrays)
+            arrays.append(read_runner_output(path, outputs[i]) if i < len(outputs) else np.load(path))
+            names.append(path.stem.split("_", 1)[1])
+        return RunResult(arrays, seconds, argv, tuple(names))
+
+
+def runner_file_name(name: str) -> str:
+    """An output's name as the runner writes it into a file name (``sanitize`` in main.c)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:199] or "output"
 
 
 def runner_for_profile(profile: Profile, progress: Progress | None = None) -> Path:

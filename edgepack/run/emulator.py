@@ -11,12 +11,13 @@ from edgepack.backends import backend_for
 from edgepack.manifest import BuildManifest
 from edgepack.profiles import profile_from_dict
 from edgepack.run.c_runner import run_c_runner, runner_for_profile
+from edgepack.run.results import RunOutputs
 from edgepack.toolchain.compilers import emulator_command
 
 
 def run_on_emulator(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-                    threads: int | None = None) -> tuple[list[np.ndarray], str]:
-    """Run the build's device library under qemu-user; returns the outputs and what ran them."""
+                    threads: int | None = None) -> RunOutputs:
+    """Run the build's device library under qemu-user: its outputs, named as the library's metadata names them."""
     refusal = backend_for(manifest).emulation_refusal(build_dir, manifest)
     if refusal is not None:
         raise refusal
@@ -26,4 +27,4 @@ def run_on_emulator(build_dir: Path, manifest: BuildManifest, inputs: dict[str, 
     library = build_dir / manifest.artifacts["device_library"].path
     result = run_c_runner(prefix, runner, library, inputs, manifest.inputs, manifest.outputs, threads=threads)
     where = f"{prefix[0]} ({profile.triple})" if prefix else f"this machine ({profile.triple})"
-    return result.outputs, f"C runner under {where}"
+    return RunOutputs(result.outputs, f"C runner under {where}", result.names)

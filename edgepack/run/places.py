@@ -29,7 +29,7 @@ from edgepack.progress import Progress
 from edgepack.run.emulator import run_on_emulator
 from edgepack.run.host import load_host_library, run_host_library
 from edgepack.run.remote import bench_on_device, bench_on_farm, run_on_device, run_on_farm
-from edgepack.run.results import BenchResult
+from edgepack.run.results import BenchResult, RunOutputs
 from edgepack.run.threads import use_threads_here
 from edgepack.tensors import contiguous, random_inputs
 
@@ -45,8 +45,9 @@ class Place(ABC):
 
     @abstractmethod
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        """Run the build once on ``inputs``: its outputs (manifest order) and what ran them.
+            threads: int | None = None, progress: Progress | None = None) -> RunOutputs:
+        """Run the build once on ``inputs``: its outputs (manifest order), what ran them and, where the running
+        side reports them, their names (``validate`` checks count and names before comparing).
         ``threads``: CPU threads for parallel kernels (None: ``$TVM_NUM_THREADS``, else every core)."""
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
@@ -75,12 +76,13 @@ class ThisMachine(Place):
         return built
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+            threads: int | None = None, progress: Progress | None = None) -> RunOutputs:
         backend = self._backend(build_dir, manifest)
         device = backend.host_device(log=progress)
         use_threads_here(threads)
         try:
-            return run_host_library(build_dir, manifest, inputs, device), f"this machine: {describe_device(device)}"
+            return RunOutputs(run_host_library(build_dir, manifest, inputs, device),
+                              f"this machine: {describe_device(device)}")
         except EdgepackError:
             raise
         except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
@@ -119,7 +121,7 @@ class Emulator(Place):
     """The device library under qemu-user (the C runner; no Python involved)."""
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
+            threads: int | None = None, progress: Progress | None = None) -> RunOutputs:
         return run_on_emulator(build_dir, manifest, inputs, threads=threads)
 
 
@@ -129,8 +131,8 @@ class OnDevice(Place):
     inventory: Inventory
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        return run_on_device(build_dir, manifest, inputs, self.device, threads=threads, progress=progress)
+            threads: int | None = None, progress: Progress | None = None) -> RunOutputs:
+        return RunOutputs(*run_on_device(build_dir, manifest, inputs, self.device, threads=threads, progress=progress))
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
               threads: int | None = None,
@@ -147,9 +149,9 @@ class OnFarm(Place):
     inventory: Inventory
 
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
-            threads: int | None = None, progress: Progress | None = None) -> tuple[list[np.ndarray], str]:
-        return run_on_farm(build_dir, manifest, inputs, self.profile, self.inventory, threads=threads,
-                           progress=progress)
+            threads: int | None = None, progress: Progress | None = None) -> RunOutputs:
+        return RunOutputs(*run_on_farm(build_dir, manifest, inputs, self.profile, self.inventory, threads=threads,
+                                       progress=progress))
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
               threads: int | None = None,

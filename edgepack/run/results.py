@@ -9,6 +9,15 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class RunOutputs:
+    """What one run of a build gave back, wherever it ran."""
+
+    arrays: list[np.ndarray]  # in the order the running side returned them (the build's: the manifest's)
+    ran_on: str  # what computed them: "this machine: cpu(0)", "pi4: opencl(0)", "C runner under qemu-arm ..."
+    names: tuple[str, ...] | None = None  # the names the running side gave them, where it reports any
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """Latency of a build on one device (TVM's ``time_evaluator``, on the device itself)."""
 

@@ -92,7 +92,7 @@ def _channels_last():
     import tvm
     from tvm import relax
 
-    convert = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})
+    convert = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]})
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackChannelsLast")
     def _pass(mod, _ctx):
