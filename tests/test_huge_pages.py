@@ -36,13 +36,25 @@ def _moved_for_a_new_block(size: int) -> int:
     return moved.bytes
 
 
-def _collapse_works() -> bool:
-    """Whether this kernel collapses memory onto huge pages at all (Linux 6.1+, THP not ``never``)."""
-    size = huge_pages.huge_page_size()
-    return size > 0 and _moved_for_a_new_block(3 * size) > 0
+def _kernel_cannot_collapse() -> str | None:
+    """Why this kernel cannot collapse memory onto huge pages, read from the kernel itself (never from
+    ``edgepack.run.huge_pages``, which the tests check): MADV_COLLAPSE came in Linux 6.1, and transparent
+    huge pages must not be ``never``."""
+    release = os.uname().release
+    try:
+        major, minor = (int(part) for part in release.split(".")[:2])
+    except ValueError:
+        return f"cannot read the kernel's version from {release!r}"
+    if (major, minor) < (6, 1):
+        return f"Linux {release} has no MADV_COLLAPSE (6.1+)"
+    try:
+        enabled = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "this kernel has no transparent huge pages"
+    return "transparent huge pages are [never] here" if "[never]" in enabled else None
 
 
-needs_collapse = pytest.mark.skipif(not _collapse_works(), reason="this kernel moves no memory onto huge pages")
+needs_collapse = pytest.mark.skipif(_kernel_cannot_collapse() is not None, reason=str(_kernel_cannot_collapse()))
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +91,16 @@ def test_loading_a_model_from_python_puts_its_weights_on_huge_pages(host_build, 
     assert int(moved.stdout.split()[-1]) >= 8 * 1024
     report = validate(host_build, "host")
     assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
+@needs_collapse
+def test_a_fresh_anonymous_block_is_collapsed():
+    """Where the kernel can (the probe above asks the kernel, not edgepack), a block mapped inside
+    ``model_memory_on_huge_pages`` ends on huge pages: whole ones, at least one of three."""
+    size = huge_pages.huge_page_size()
+    assert size > 0
+    moved = _moved_for_a_new_block(3 * size)
+    assert moved >= size and moved % size == 0
 
 
 def test_huge_pages_are_off_with_the_environment_switch(monkeypatch):

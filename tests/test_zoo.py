@@ -1,0 +1,34 @@
+"""One real model per operator family the product claims, compiled and validated where each build runs:
+host builds on this machine, rpi4 (aarch64) and rpi3 (armv7) builds as device libraries run by the C
+runner under qemu-user, each on seeded random inputs and on its natural input (a scanned page, a photo,
+speech). The whole zoo, GPU profiles included, is swept by ``scripts/zoo.py`` (docs/conformance.md).
+
+Families covered elsewhere: classification and SSD detection (test_compile.py: PP-OCR cls, rapid
+orientation, MobileNetV2, BlazeFace), LSTM with If and scalar inputs (Silero VAD: test_scalar_inputs.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import validate_real_model
+
+#: model -> the family it stands for here (docs/conformance.md, "Which model covers which family")
+FAMILIES = {
+    "ppocr_det": "ConvTranspose and Resize (DBNet text detection)",
+    "ppocr_rec": "attention and LayerNorm (SVTR text recognition)",
+    "yolov8n": "YOLO detection (SiLU, Resize, DFL softmax)",
+    "iris_landmark": "landmarks (PReLU, fp32 TFLite)",
+    "vww_int8": "int8 (TFLite, per-channel weights, QUANTIZE/DEQUANTIZE)",
+    "silero_vad_16k_op15": "LSTM (audio, opset 15)",
+}
+PLACES = {"host": "host", "rpi4": "emulator", "rpi3": "emulator"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", list(PLACES))
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_real_model_of_each_family_matches_its_reference(models, build_cache, name, profile):
+    build = build_cache(models[name], profile)
+    reports = validate_real_model(build, PLACES[profile], models[name], seed=2)
+    if profile != "host":
+        assert all(r.ran_on.startswith("C runner under qemu-") for r in reports), [r.ran_on for r in reports]
