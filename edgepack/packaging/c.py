@@ -43,7 +43,7 @@ from edgepack.tensors import TensorSpec, check_inputs, load_inputs, random_input
 from edgepack.toolchain.c_programs import build_c_program
 from edgepack.toolchain.compilers import emulator_command, find_compilers
 from edgepack.toolchain.model_library import export_model_static
-from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.toolchain.sources import C_API, C_API_PRIVATE_HEADERS, c_api_sources, source_dir
 from edgepack.toolchain.tvm_runtime import TargetRuntime, ensure_target_runtime
 from edgepack.tuning.records import apply_tuning
 from edgepack.versions import __version__
@@ -194,7 +194,7 @@ def write_c_bundle(
 ) -> Path:
     """Lay out the C bundle in ``dest``: what a user copies to build a program for the device.
 
-    ``include/`` (edgepack.h, tvm/ffi/c_api.h, dlpack/dlpack.h), ``src/edgepack.c``,
+    ``include/`` (edgepack.h, tvm/ffi/c_api.h, dlpack/dlpack.h), ``src/`` (edgepack.c, ep_parallel.c/.h),
     ``examples/main.c``, ``CMakeLists.txt``, ``Makefile`` and ``lib/``: the runtime's shared
     libraries and static archives, ``model.so`` (+ ``model.meta``) and ``libmodel.a``.
     """
@@ -209,7 +209,8 @@ def write_c_bundle(
     dlpack = next(p for d in runtime.include_dirs if (p := d / "dlpack" / "dlpack.h").is_file())
     shutil.copy2(c_api, dest / "include" / "tvm" / "ffi" / "c_api.h")
     shutil.copy2(dlpack, dest / "include" / "dlpack" / "dlpack.h")
-    shutil.copy2(c_dir / "src" / "edgepack.c", dest / "src" / "edgepack.c")
+    for path in (*c_api_sources(), *(c_dir / "src" / h for h in C_API_PRIVATE_HEADERS)):
+        shutil.copy2(path, dest / "src" / path.name)
     shutil.copy2(c_dir / "examples" / "main.c", dest / "examples" / "main.c")
     shutil.copy2(c_dir / "CMakeLists.txt", dest / "CMakeLists.txt")
     shutil.copy2(c_dir / "Makefile", dest / "Makefile")

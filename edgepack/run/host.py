@@ -13,6 +13,7 @@ from edgepack.errors import EdgepackError
 from edgepack.frontends.reference import quiet_native_stderr
 from edgepack.manifest import BuildManifest
 from edgepack.run.huge_pages import model_memory_on_huge_pages
+from edgepack.run.parallel import pool
 from edgepack.tensors import contiguous
 
 
@@ -32,6 +33,7 @@ def load_host_library(library: Path, device: Any) -> Any:
     import tvm
     from tvm import relax
 
+    pool()  # edgepack's thread pool, before the library loads (it takes the pool's address then)
     with model_memory_on_huge_pages(), quiet_native_stderr():
         return relax.VirtualMachine(tvm.runtime.load_module(str(library)), device)
 

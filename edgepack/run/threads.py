@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.errors import EdgepackError
+from edgepack.run.parallel import set_pool_threads
 
 ENV = "TVM_NUM_THREADS"
 _BIG_CORES = 1  # TVM's ThreadGroup::kBig affinity mode
@@ -51,12 +52,14 @@ def resolve_threads(threads: int | None) -> int:
 
 
 def use_threads_here(threads: int | None) -> int:
-    """Make TVM in this process run parallel kernels on ``resolve_threads(threads)`` threads."""
+    """Make models in this process run parallel kernels on ``resolve_threads(threads)`` threads: edgepack's
+    pool (``edgepack.run.parallel``), and TVM's own for what it still runs."""
     import tvm
 
     count = resolve_threads(threads)
     os.environ[ENV] = str(count)  # sizes the pools TVM makes from now on
     tvm.get_global_func("runtime.config_threadpool")(_BIG_CORES, count)
+    set_pool_threads(count)
     return count
 
 
@@ -79,5 +82,8 @@ def use_threads_remote(session: Any, threads: int | None) -> int | None:
     if threads is None:
         return None
     count = resolve_threads(threads)
-    session.get_function("runtime.config_threadpool")(_BIG_CORES, count)
+    try:  # edgepack's RPC server: its thread pool (and TVM's); a plain TVM server: TVM's pool
+        session.get_function("edgepack.set_num_threads")(count)
+    except Exception:  # noqa: BLE001 - TVM's RPC raises its own error for a function the server lacks
+        session.get_function("runtime.config_threadpool")(_BIG_CORES, count)
     return count

@@ -9,7 +9,7 @@ from edgepack.errors import ToolchainError
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import require_tool
 from edgepack.toolchain.process import run, tail
-from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.toolchain.sources import C_API, c_api_sources, source_dir
 from edgepack.toolchain.tvm_runtime import TargetRuntime
 
 
@@ -64,12 +64,12 @@ def build_c_program(
         lib_dirs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))  # the host wheel has two
         paths = list(rpath) if rpath is not None else ["$ORIGIN", *lib_dirs]
         link = [*(f"-L{d}" for d in lib_dirs), "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
-                "-Wl,--as-needed", "-lm"]
+                "-Wl,--as-needed", "-lpthread", "-ldl", "-lm"]
         if paths:
             link.append("-Wl,-rpath," + ":".join(paths))
     if strip:
         link.append("-s")
-    cmd = [cc, *compile_flags, source, c_dir / "src" / "edgepack.c", *link, "-o", out_path]
+    cmd = [cc, *compile_flags, source, *c_api_sources(), *link, "-o", out_path]
     result = run(cmd, log=log)
     if result.returncode != 0:
         raise ToolchainError(f"Building {out_path.name} with {Path(cc).name} failed.",

@@ -23,7 +23,7 @@ from edgepack.paths import cache_root
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import compiler_identity
 from edgepack.toolchain.process import run, tail
-from edgepack.toolchain.sources import C_API, RPC_SERVER, source_dir
+from edgepack.toolchain.sources import C_API, RPC_SERVER, c_api_files, c_api_sources, source_dir
 from edgepack.toolchain.tvm_runtime import TargetRuntime
 from edgepack.versions import TVM_VERSION
 
@@ -74,7 +74,7 @@ def server_bundle(triple: str, cc: str, runtime: TargetRuntime, plugins: Mapping
     c_api = source_dir(C_API)
     key_data = {
         "source": file_sha256(source),
-        "c_api": [file_sha256(c_api / "src" / "edgepack.c"), file_sha256(c_api / "include" / "edgepack.h")],
+        "c_api": [file_sha256(path) for path in c_api_files()],
         "libs": {name: file_sha256(libs[name]) for name in RUNTIME_LIBS},
         "plugins": {name: file_sha256(path) for name, path in plugins.items()},
         "cc": compiler_identity(cc),
@@ -91,10 +91,10 @@ def server_bundle(triple: str, cc: str, runtime: TargetRuntime, plugins: Mapping
             shutil.copy2(path, staging / name)
             (staging / name).chmod(0o755)
         exe = staging / SERVER_PROGRAM
-        cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", *runtime.cflags,
-               *[f"-I{d}" for d in (c_api / "include", *runtime.include_dirs)], "-o", str(exe), str(source),
-               str(c_api / "src" / "edgepack.c"), f"-L{staging}",
-               "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-ldl",
+        includes = (c_api / "include", c_api / "src", *runtime.include_dirs)
+        cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", *runtime.cflags, *[f"-I{d}" for d in includes],
+               "-o", str(exe), str(source), *map(str, c_api_sources()), f"-L{staging}",
+               "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-lpthread", "-ldl",
                "-Wl,-rpath,$ORIGIN", "-s"]
         result = run(cmd, timeout=600)
         if result.returncode != 0:

@@ -26,6 +26,11 @@ TVM_COMPAT = "tvm/compat"
 TVM_CMAKE = "tvm/cmake"
 
 
+#: the C API's implementation (runtimes/api/c/src), compiled into every program and library that uses it
+C_API_SOURCES = ("edgepack.c", "ep_parallel.c")
+C_API_PRIVATE_HEADERS = ("ep_parallel.h",)
+
+
 def runtimes_dir() -> Path:
     """``runtimes/`` of the source tree, or the copy an installed wheel carries inside the package."""
     here = Path(__file__).resolve().parent.parent
@@ -41,6 +46,17 @@ def runtimes_dir() -> Path:
 def source_dir(name: str) -> Path:
     """``runtimes/<name>``, e.g. ``source_dir(C_API)`` or ``source_dir("plugins/opencl")``."""
     return runtimes_dir() / name
+
+
+def c_api_sources() -> list[Path]:
+    """The C API's source files (``C_API_SOURCES``)."""
+    return [source_dir(C_API) / "src" / name for name in C_API_SOURCES]
+
+
+def c_api_files() -> list[Path]:
+    """What a build of the C API reads: its sources, its private headers and ``edgepack.h``."""
+    src = source_dir(C_API) / "src"
+    return [*c_api_sources(), *(src / h for h in C_API_PRIVATE_HEADERS), source_dir(C_API) / "include" / "edgepack.h"]
 
 
 def sources_digest(subdirs: Sequence[str], suffixes: Sequence[str]) -> str:

@@ -31,6 +31,7 @@
 #include <tvm/ffi/c_api.h>
 
 #include "edgepack.h" /* ep_register_runtime_builtins, ep_memory_*: compiled in from runtimes/api/c/src/edgepack.c */
+#include "ep_parallel.h" /* compiled in from runtimes/api/c/src/ep_parallel.c */
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -1064,17 +1065,17 @@ static int ep_parse_args(int argc, char** argv) {
   return 0;
 }
 
-/* TVM sizes each thread's worker pool from TVM_NUM_THREADS; without it, on x86 it takes half the
-   logical CPUs (assuming hyper-threads), which leaves a small machine single-threaded. */
+/* Models run their parallel kernels on edgepack's pool (ep_parallel.c, installed by
+   ep_register_runtime_builtins before any model loads): --threads, else TVM_NUM_THREADS, else the big
+   cores. TVM_NUM_THREADS is set to the same count for what TVM's own pool still runs (without it, on
+   x86 TVM takes half the logical CPUs, which leaves a small machine single-threaded). A client changes
+   the count with edgepack.set_num_threads. */
 static void ep_set_threads(void) {
   char text[16];
   int n = g_opt.threads;
   const char* env = getenv("TVM_NUM_THREADS");
   if (n == 0 && env != NULL && env[0] != '\0') return;
-  if (n == 0) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    n = online > 0 ? (int)online : 1;
-  }
+  if (n == 0) n = ep_parallel_default_threads();
   snprintf(text, sizeof(text), "%d", n);
   setenv("TVM_NUM_THREADS", text, 1);
 }

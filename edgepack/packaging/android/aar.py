@@ -28,7 +28,7 @@ from edgepack.packaging.android.javac import zip_write
 from edgepack.processing import manifest_plan
 from edgepack.progress import Progress
 from edgepack.toolchain.android_ndk import MIN_SDK
-from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.toolchain.sources import C_API, C_API_PRIVATE_HEADERS, c_api_sources, source_dir
 
 COMPILE_SDK = 34
 JNI_LIBRARY = "libedgepack_jni.so"
@@ -77,10 +77,10 @@ def build_jni_library(
                       "-fvisibility=hidden", *flags, "-I", str(c_dir / "include")]
     for inc in (*runtime.include_dirs, *jni_include_dirs):
         cmd += ["-I", str(inc)]
-    cmd += [str(android_sources_dir() / "jni" / "edgepack_jni.c"), str(c_dir / "src" / "edgepack.c")]
+    cmd += [str(android_sources_dir() / "jni" / "edgepack_jni.c"), *map(str, c_api_sources())]
     lib_dirs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
     cmd += ["-shared", f"-Wl,-soname,{JNI_LIBRARY}", "-Wl,--no-undefined", *(f"-L{d}" for d in lib_dirs),
-            "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-ldl", "-lm"]
+            "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi", "-Wl,--as-needed", "-lpthread", "-ldl", "-lm"]
     if android:
         cmd += ["-Wl,-z,max-page-size=16384"]
     if rpath:
@@ -217,7 +217,8 @@ def write_gradle_module(
     (cpp / "include" / "dlpack").mkdir(parents=True, exist_ok=True)
     (cpp / "CMakeLists.txt").write_text(_template("CMakeLists.txt", model_name=model_name))
     shutil.copy2(android_sources_dir() / "jni" / "edgepack_jni.c", cpp / "edgepack_jni.c")
-    shutil.copy2(source_dir(C_API) / "src" / "edgepack.c", cpp / "edgepack.c")
+    for path in (*c_api_sources(), *(source_dir(C_API) / "src" / h for h in C_API_PRIVATE_HEADERS)):
+        shutil.copy2(path, cpp / path.name)
     shutil.copy2(source_dir(C_API) / "include" / "edgepack.h", cpp / "include" / "edgepack.h")
     for rel in ("tvm/ffi/c_api.h", "dlpack/dlpack.h"):
         found = next((d / rel for d in runtime_include_dirs if (d / rel).is_file()), None)

@@ -14,10 +14,12 @@
  *                      of the output name and replaces other bytes by '_'
  *   --repeat N         time N runs and print one JSON line:
  *                      {"runs": N, "mean_ms": .., "median_ms": .., "min_ms": .., "max_ms": ..,
- *                       "std_ms": .., "threads": N, "huge_page_bytes": N}
- *                      (huge_page_bytes: the model's memory on huge pages, ep_model_huge_page_bytes)
+ *                       "std_ms": .., "threads": N, "huge_page_bytes": N, "parallel_loops": N}
+ *                      (huge_page_bytes: the model's memory on huge pages, ep_model_huge_page_bytes;
+ *                      parallel_loops: kernels' loops run on edgepack's thread pool, ep_parallel_loops)
  *   --warmup N         untimed runs before timing (default 1 with --repeat)
- *   --threads N        threads for the model's parallel kernels (default: one per online CPU)
+ *   --threads N        threads for the model's parallel kernels (default: $TVM_NUM_THREADS, else
+ *                      the big cores)
  *   --from-memory      read MODEL.so into memory and use ep_model_open_memory()
  *   --info             print the model's inputs and outputs and exit
  *   --quiet            no per-output summary lines
@@ -637,7 +639,7 @@ int main(int argc, char** argv) {
     if (st != EP_OK) return fail("open model", st);
   }
   free(meta_text);
-  st = ep_set_num_threads((int)o.threads); /* 0: one per online CPU */
+  st = ep_set_num_threads((int)o.threads); /* 0: $TVM_NUM_THREADS, else the big cores */
   if (st != EP_OK) return fail("set threads", st);
 
   ep_model_num_inputs(model, &num_inputs);
@@ -686,12 +688,13 @@ int main(int argc, char** argv) {
       var /= (double)o.repeat;
       qsort(times, (size_t)o.repeat, sizeof(double), cmp_double);
       printf("{\"runs\": %ld, \"mean_ms\": %.4f, \"median_ms\": %.4f, \"min_ms\": %.4f, "
-             "\"max_ms\": %.4f, \"std_ms\": %.4f, \"threads\": %ld, \"huge_page_bytes\": %zu}\n",
+             "\"max_ms\": %.4f, \"std_ms\": %.4f, \"threads\": %d, \"huge_page_bytes\": %zu, "
+             "\"parallel_loops\": %lu}\n",
              o.repeat, mean,
              o.repeat % 2 ? times[o.repeat / 2]
                           : 0.5 * (times[o.repeat / 2 - 1] + times[o.repeat / 2]),
-             times[0], times[o.repeat - 1], sqrt(var), o.threads ? o.threads : sysconf(_SC_NPROCESSORS_ONLN),
-             ep_model_huge_page_bytes(model));
+             times[0], times[o.repeat - 1], sqrt(var), ep_num_threads(), ep_model_huge_page_bytes(model),
+             ep_parallel_loops());
     }
   } else if (rc == 0 && o.warmup == 0) {
     st = ep_model_run(model);

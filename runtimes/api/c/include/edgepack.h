@@ -31,11 +31,14 @@
  *   - One model handle must be used by one thread at a time (serialise calls yourself).
  *   - Different model handles may be used concurrently from different threads.
  *   - ep_last_error() is per thread.
- *   - Each thread that calls ep_model_run() gets its own pool of TVM worker threads for the
- *     model's parallel kernels, sized when that thread first runs a model: by
- *     ep_set_num_threads() if that thread called it before, else by TVM_NUM_THREADS, else by
- *     TVM's default (all cores on ARM; half the logical CPUs on x86, which assumes
- *     hyper-threading). A pool once made can be told to use fewer threads, not more.
+ *   - The models' parallel kernels run on one pool of worker threads per process (edgepack's,
+ *     src/ep_parallel.c): ep_set_num_threads() threads, the calling thread included, else
+ *     TVM_NUM_THREADS, else the device's big cores (on a big.LITTLE phone or board the workers
+ *     are pinned to them). Each kernel is split into more parts than threads and a thread that is
+ *     free takes the next part, so a core busy with another app slows a kernel by its share, not
+ *     by a scheduler time slice. Workers spin briefly between kernels, then sleep. A kernel started
+ *     while another thread's kernel holds the pool runs on its own thread. EDGEPACK_PARALLEL=tvm
+ *     (set before the first model is opened) keeps TVM's own pool instead.
  *
  * Metadata
  *   The compiled library does not record dtypes and shapes, so edgepack writes them as text:
@@ -211,8 +214,10 @@ EP_API ep_status ep_load_plugin(const char* path);
  * Register the run-time functions that TVM's Python package or its optional runtime part would
  * provide and that compiled models call: relax.run.nonzero, relax.run.unique (NonZero, Compress,
  * Unique) and tvm.contrib.sort.argsort/sort/topk (TopK, NonMaxSuppression), each unless something
- * registered it already. ep_model_open*() calls it; a program that loads models through TVM itself
- * (edgepack's RPC server) calls it once before. Safe to call more than once.
+ * registered it already, and edgepack.set_num_threads / edgepack.num_threads; points models loaded
+ * afterwards at edgepack's thread pool (see "Thread safety"). ep_model_open*() calls it; a program
+ * that loads models through TVM itself (edgepack's RPC server) calls it once before. Safe to call
+ * more than once.
  */
 EP_API void ep_register_runtime_builtins(void);
 
@@ -268,12 +273,17 @@ EP_API ep_status ep_model_set_input_typed(ep_model* model, int index, const void
 EP_API ep_status ep_model_run(ep_model* model);
 
 /**
- * Use num_threads threads for the parallel kernels of the models this thread runs
- * (num_threads <= 0: one per online CPU). Call it before this thread's first ep_model_run() to
- * get more threads than TVM's default (see "Thread safety"). Also sets TVM_NUM_THREADS for
- * threads that run a model later.
+ * Use num_threads threads (the calling thread included) for the parallel kernels of the models
+ * (num_threads <= 0: the device's big cores). May be called at any time; a kernel in flight
+ * finishes first. Also sets TVM_NUM_THREADS and TVM's own pool (see "Thread safety").
  */
 EP_API ep_status ep_set_num_threads(int num_threads);
+
+/** Threads the models' parallel kernels use now, the calling thread included. */
+EP_API int ep_num_threads(void);
+
+/** Parallel loops run on edgepack's thread pool in this process so far (0 with EDGEPACK_PARALLEL=tvm). */
+EP_API unsigned long ep_parallel_loops(void);
 
 /**
  * Borrow output `index` of the last run: *out_data points to *out_byte_size bytes owned by the

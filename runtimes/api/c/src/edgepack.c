@@ -14,6 +14,7 @@
 #endif
 
 #include "edgepack.h"
+#include "ep_parallel.h"
 
 #include <tvm/ffi/c_api.h>
 
@@ -697,7 +698,24 @@ static ep_status ep_autoload_plugin(const ep_plugin_info* plugin, const char* mo
 }
 
 /* Before opening a model file: make the GPU runtimes available if they are not yet. */
+/* tvm-ffi (c_env_api.h, not shipped in the bundle's include/): a pointer every library loaded afterwards
+   gets for one of its context symbols. */
+extern int TVMFFIEnvModRegisterContextSymbol(const char* name, void* symbol);
+
+/* Models' parallel loops on edgepack's pool (ep_parallel.c) rather than TVM's: it hands parts out to
+   whichever thread is free, so a busy core does not stall every kernel. Done once, before the first
+   model is loaded (libraries take the pointers when they load). EDGEPACK_PARALLEL=tvm keeps TVM's. */
+static void ep_install_parallel(void) {
+  static volatile int done = 0;
+  const char* choice = getenv("EDGEPACK_PARALLEL");
+  if (done) return;
+  done = 1;
+  if (choice != NULL && strcmp(choice, "tvm") == 0) return;
+  ep_parallel_install(TVMFFIEnvModRegisterContextSymbol);
+}
+
 static ep_status ep_autoload_plugins(const char* model_path) {
+  ep_install_parallel(); /* every open path passes here before it loads the model */
   int i;
   for (i = 0; i < EP_NUM_PLUGINS; ++i) {
     ep_status st = ep_autoload_plugin(&ep_plugins[i], model_path);
@@ -1348,9 +1366,32 @@ static void ep_register_builtin(const char* name, TVMFFISafeCallType call) {
   if (err != NULL) TVMFFIObjectDecRef(err);
 }
 
+/* edgepack.set_num_threads(n): ep_set_num_threads, for a program that drives models through TVM itself
+   (the RPC server's clients); returns the count. edgepack.num_threads(): the pool's count now. */
+static int ep_run_set_num_threads(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  (void)self;
+  if (num_args != 1 || args[0].type_index != kTVMFFIInt) {
+    return ep_builtin_fail("edgepack.set_num_threads expects one integer");
+  }
+  if (ep_set_num_threads((int)args[0].v_int64) != EP_OK) return ep_builtin_fail(ep_last_error());
+  *result = ep_any_int(ep_parallel_threads());
+  return 0;
+}
+
+static int ep_run_num_threads(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  (void)self;
+  (void)args;
+  (void)num_args;
+  *result = ep_any_int(ep_parallel_threads());
+  return 0;
+}
+
 void ep_register_runtime_builtins(void) {
   static volatile int done = 0;
   if (done) return;
+  ep_install_parallel();
+  ep_register_builtin("edgepack.set_num_threads", ep_run_set_num_threads);
+  ep_register_builtin("edgepack.num_threads", ep_run_num_threads);
   ep_register_builtin("relax.run.nonzero", ep_run_nonzero);
   ep_register_builtin("relax.run.unique", ep_run_unique);
   ep_register_builtin("tvm.contrib.sort.argsort", ep_run_argsort);
@@ -2144,12 +2185,11 @@ ep_status ep_set_num_threads(int num_threads) {
   TVMFFIAny args[2];
   TVMFFIAny res;
   ep_status st;
-  if (num_threads <= 0) {
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    num_threads = online > 0 ? (int)online : 1;
-  }
-  /* TVM sizes a thread's worker pool from TVM_NUM_THREADS when the pool is made, and
-     runtime.config_threadpool (mode 1: all big cores) makes or reconfigures this thread's pool. */
+  if (num_threads <= 0) num_threads = ep_parallel_default_threads();
+  ep_parallel_set_threads(num_threads); /* edgepack's pool, for every thread */
+  /* TVM's own (EDGEPACK_PARALLEL=tvm, and what the runtime itself runs in parallel): it sizes a
+     thread's worker pool from TVM_NUM_THREADS when the pool is made, and runtime.config_threadpool
+     (mode 1: all big cores) makes or reconfigures this thread's pool. */
   snprintf(text, sizeof(text), "%d", num_threads);
   if (setenv("TVM_NUM_THREADS", text, 1) != 0) {
     return ep_fail(EP_ERR_RUNTIME, "cannot set TVM_NUM_THREADS: %s", strerror(errno));
@@ -2160,6 +2200,8 @@ ep_status ep_set_num_threads(int num_threads) {
   if (st == EP_OK) ep_any_release(&res);
   return st;
 }
+
+int ep_num_threads(void) { return ep_parallel_threads(); }
 
 ep_status ep_model_run(ep_model* model) {
   TVMFFIAny stack_args[16];

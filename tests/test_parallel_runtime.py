@@ -1,0 +1,107 @@
+"""edgepack's thread pool for the models' parallel loops (runtimes/api/c/src/ep_parallel.c): its own C test
+on this machine and under qemu (aarch64, armv7), then real models whose kernels run on it here (Python),
+in the C runner (the C API of bundles and AARs) and under a background load. Timings live in
+scripts/bench.py (--load N); these tests check what is computed and that the pool is the one in use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgepack.manifest import read_manifest
+from edgepack.profiles import get_profile
+from edgepack.run.c_runner import runner_for_profile
+from edgepack.toolchain.compilers import emulator_command
+from edgepack.validation import validate
+
+ROOT = Path(__file__).resolve().parent.parent
+C_API = ROOT / "runtimes" / "api" / "c"
+TRIPLES = {"host": ("gcc", []), "rpi4": ("aarch64-linux-gnu-gcc", None), "rpi3": ("arm-linux-gnueabihf-gcc", None)}
+
+
+@pytest.mark.parametrize("profile", list(TRIPLES))
+def test_the_pools_own_test_passes_here_and_under_qemu(profile, tmp_path):
+    """Loops split as TVM splits them, element by element; a library that synchronises inside its loops;
+    loops inside loops and from several threads; an error in one part; the thread count honoured."""
+    cc, prefix = TRIPLES[profile]
+    prefix = emulator_command(get_profile(profile)) if prefix is None else prefix
+    flags = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror"]
+    sync = tmp_path / "test_parallel_sync.so"
+    program = tmp_path / "test_parallel"
+    subprocess.run([cc, *flags, "-shared", "-fPIC", C_API / "tests" / "test_parallel_sync.c", "-o", sync],
+                   check=True, capture_output=True)
+    subprocess.run([cc, *flags, "-rdynamic", "-I", C_API / "src", C_API / "tests" / "test_parallel.c",
+                    C_API / "src" / "ep_parallel.c", "-lpthread", "-ldl", "-o", program], check=True, capture_output=True)
+    result = subprocess.run([*prefix, str(program), str(sync)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+def _in_a_fresh_process(code: str, env: dict | None = None) -> dict:
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **(env or {})), check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+VALIDATE = """
+import json, sys
+from edgepack.run.parallel import pool_loops
+from edgepack.validation import validate
+reports = [validate(sys.argv[1] if len(sys.argv) > 1 else {build!r}, "host", threads=t) for t in (1, 2, 3)]
+print(json.dumps({{"passed": all(r.passed for r in reports), "loops": pool_loops(),
+                   "degenerate": any(r.degenerate for r in reports)}}))
+"""
+
+
+@pytest.mark.slow
+def test_a_real_model_runs_on_the_pool_here_and_matches_at_every_thread_count(models, build_cache):
+    build = build_cache(models["mobilenetv2"], "host")
+    ours = _in_a_fresh_process(VALIDATE.format(build=str(build)))
+    assert ours["passed"] and not ours["degenerate"] and ours["loops"] > 50, ours  # every kernel's loops
+    theirs = _in_a_fresh_process(VALIDATE.format(build=str(build)), env={"EDGEPACK_PARALLEL": "tvm"})
+    assert theirs["passed"] and theirs["loops"] == 0, theirs  # TVM's own pool, where asked for
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", ["host", "rpi4"])
+def test_the_c_runner_runs_models_on_the_pool(models, build_cache, profile):
+    """The C API (C bundles, the AAR's JNI layer, the RPC server share it) installs the pool before it
+    opens a model: the runner's statistics count the kernels' loops it ran."""
+    build = build_cache(models["mobilenetv2"], profile)
+    manifest = read_manifest(build)
+    prefix = emulator_command(get_profile(profile)) if profile != "host" else []
+    runner = runner_for_profile(get_profile(profile))
+    library = build / manifest.artifacts["device_library"].path
+    for threads, expect in (("2", True), ("1", True)):
+        done = subprocess.run([*prefix, str(runner), str(library), "--repeat", "2", "--threads", threads, "--quiet"],
+                              capture_output=True, text=True, timeout=900, check=True)
+        stats = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+        assert stats["threads"] == int(threads) and (stats["parallel_loops"] > 50) == expect, stats
+
+
+@pytest.fixture
+def background_load():
+    """One process spinning on a core for as long as the test runs (a phone's other app)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield spinner
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+@pytest.mark.slow
+def test_models_compute_the_same_under_background_load(models, build_cache, background_load):
+    """With a core held by another process, every thread count gives the reference's numbers (parts a
+    parked worker did not take are run by the others)."""
+    for name in ("mobilenetv2", "ppocr_det"):
+        model = models[name]
+        build = build_cache(model, "host")
+        for threads in (2, 3):
+            report = validate(build, "host", threads=threads, inputs=model.natural)
+            assert report.passed and not report.degenerate, report.to_dict()
