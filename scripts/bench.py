@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,12 +41,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Self
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-MODELS = ("mobilenetv2", "light_resnet50", "ppocr_cls", "face_detection_short_range", "light_squeezenet")
+from fetch_models import LIGHT_MODELS, ZOO
+
+MODELS = ("mobilenetv2", *LIGHT_MODELS, *(entry.name for entry in ZOO))  # every model of the zoo has a row
 DEFAULT_MODELS = ("mobilenetv2", "light_resnet50", "ppocr_cls", "face_detection_short_range")
 
 
@@ -206,23 +210,41 @@ def runs_per_block(repeat: int, rounds: int) -> int:
     return max(1, repeat // rounds)
 
 
+class BackgroundLoad:
+    """``count`` processes that each spin on a core (a phone's other apps) while the block runs."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.processes: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Self:
+        self.processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.count)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
 def time_runtimes(specs: dict[str, dict], repeat: int, warmup: int, threads: int,
-                  rounds: int = 5) -> dict[str, list[float]]:
+                  rounds: int = 5, load: int = 0) -> dict[str, list[float]]:
     """Each runtime in its own process (thread pools of two runtimes in one process fight over the
     cores: TVM's and ONNX Runtime's spinning workers slowed each other down several times over), in
     ``rounds`` interleaved blocks of ``repeat / rounds`` runs, each after ``warmup`` untimed runs: the
-    same machine load for all."""
+    same machine load for all; with ``load`` spinning processes beside them the whole time."""
     env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     samples: dict[str, list[float]] = {name: [] for name in specs}
     per_block = runs_per_block(repeat, rounds)
-    for _ in range(rounds):
-        for name, spec in specs.items():
-            payload = json.dumps(spec | {"repeat": per_block, "warmup": warmup, "threads": threads})
-            result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--time-one", payload],
-                                    capture_output=True, text=True, env=env, check=False)
-            if result.returncode != 0:
-                raise RuntimeError(f"timing {name} failed:\n{result.stdout}\n{result.stderr}")
-            samples[name].extend(json.loads(result.stdout.strip().splitlines()[-1]))
+    with BackgroundLoad(load):
+        for _ in range(rounds):
+            for name, spec in specs.items():
+                payload = json.dumps(spec | {"repeat": per_block, "warmup": warmup, "threads": threads})
+                result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--time-one", payload],
+                                        capture_output=True, text=True, env=env | spec.get("env", {}), check=False)
+                if result.returncode != 0:
+                    raise RuntimeError(f"timing {name} failed:\n{result.stdout}\n{result.stderr}")
+                samples[name].extend(json.loads(result.stdout.strip().splitlines()[-1]))
     return samples
 
 
@@ -320,10 +342,15 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     gflop = model_gflop(test_model.path, shapes)
     specs = untuned.manifest.inputs
     inputs_path = builds / f"{name}-inputs.npz"
-    np.savez(inputs_path, **make_inputs(specs))
+    if test_model.natural is not None:  # a real input (Silero VAD takes no random sample rate)
+        shutil.copyfile(test_model.natural, inputs_path)
+    else:
+        np.savez(inputs_path, **make_inputs(specs))
     names = [spec.name for spec in specs]
     reference_name = "onnxruntime" if info.format == "onnx" else "litert"
     runtimes = {"edgepack untuned": {"kind": "tvm", "path": str(untuned.host_library), "names": names}}
+    if args.tvm_pool:  # the same library on TVM's own thread pool, for comparison
+        runtimes["edgepack untuned, TVM's pool"] = runtimes["edgepack untuned"] | {"env": {"EDGEPACK_PARALLEL": "tvm"}}
     if tuned is not None:
         runtimes["edgepack tuned"] = {"kind": "tvm", "path": str(tuned.host_library), "names": names}
     runtimes[reference_name] = {"kind": reference_name, "path": str(test_model.path)}
@@ -333,11 +360,11 @@ def bench_model(name: str, test_model, profile, args, work: Path, say) -> list[R
     rows = []
     for threads in args.threads:
         say(f"{name}: timing at {threads} thread(s) ({args.repeat} runs each, one process per runtime, interleaved)")
-        samples = time_runtimes(runtimes, args.repeat, args.warmup, threads, args.rounds)
+        samples = time_runtimes(runtimes, args.repeat, args.warmup, threads, args.rounds, args.load)
         reference_median = statistics.median(samples[reference_name])
-        group = [Row(name, "edgepack untuned", threads, statistics.median(samples["edgepack untuned"]),
-                     samples["edgepack untuned"], compile_s=untuned_compile,
-                     model_bytes=untuned.device_library.stat().st_size, runtime_bytes=tvm_bytes)]
+        group = [Row(name, runtime, threads, statistics.median(samples[runtime]), samples[runtime],
+                     compile_s=untuned_compile, model_bytes=untuned.device_library.stat().st_size,
+                     runtime_bytes=tvm_bytes) for runtime in runtimes if runtime.startswith("edgepack untuned")]
         if tuned is not None:
             group.append(Row(
                 name, "edgepack tuned", threads, statistics.median(samples["edgepack tuned"]),
@@ -389,15 +416,20 @@ def trials_text(budgets: dict[str, int], models: list[str]) -> str:
     return f"{default} trials per model" + (f" ({', '.join(own)})" if own else "")
 
 
+def p90(row: Row) -> str:
+    """The 90th percentile of the row's runs (what a user notices under load), in ms."""
+    return f"{statistics.quantiles(row.samples, n=10)[-1]:.2f}" if len(row.samples) >= 10 else "-"
+
+
 def render_markdown(rows: list[Row], meta: dict) -> str:
     lines = [
-        ("| model | runtime | threads | median ms | blocks p25-p75 ms | vs ORT/LiteRT | GFLOP/s | compile s "
+        ("| model | runtime | threads | median ms | p90 ms | blocks p25-p75 ms | vs ORT/LiteRT | GFLOP/s | compile s "
          "| tuning (trials, tasks) | model library | runtime |"),
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials}, {r.tuned_tasks})" if r.tuning_s is not None else "-"
-        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {block_spread(r)} | "
+        lines.append(f"| {r.model} | {r.runtime} | {r.threads} | {r.median_ms:.2f} | {p90(r)} | {block_spread(r)} | "
                      f"{r.ratio:.2f}x | {_gflops(r)} | "
                      f"{'-' if r.compile_s is None else f'{r.compile_s:.1f}'} | {tuning} | {_size(r.model_bytes)} | "
                      f"{_size(r.runtime_bytes)} |")
@@ -430,13 +462,13 @@ def print_table(rows: list[Row], meta: dict) -> None:
 
     table = Table(title=f"edgepack vs ONNX Runtime / LiteRT, {meta['threads']} thread(s), {meta['cpu']}",
                   title_justify="left")
-    for col in ("model", "runtime", "threads", "median ms", "blocks p25-p75", "vs ORT/LiteRT", "GFLOP/s",
+    for col in ("model", "runtime", "threads", "median ms", "p90 ms", "blocks p25-p75", "vs ORT/LiteRT", "GFLOP/s",
                 "compile s", "tuning", "model lib", "runtime"):
         table.add_column(col, justify="left" if col in ("model", "runtime", "tuning") else "right")
     for r in rows:
         tuning = f"{r.tuning_s / 60:.1f} min ({r.trials} trials, {r.tuned_tasks})" if r.tuning_s is not None else ""
         style = "green" if r.runtime.startswith("edgepack") and r.ratio < 1 else None
-        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", block_spread(r), f"{r.ratio:.2f}x",
+        table.add_row(r.model, r.runtime, str(r.threads), f"{r.median_ms:.2f}", p90(r), block_spread(r), f"{r.ratio:.2f}x",
                       _gflops(r), "" if r.compile_s is None else f"{r.compile_s:.1f}", tuning,
                       _size(r.model_bytes), _size(r.runtime_bytes), style=style)
     console = Console(width=max(160, Console().width))
@@ -453,7 +485,7 @@ Latest run of `scripts/bench.py` (numbers from one run on one machine; rerun it 
     {command}
 
 Machine: **{meta['cpu']}**, {meta['cores']}{', ' + meta['memory'] + ' RAM' if 'memory' in meta else ''}{', SIMD: ' + meta['simd'] if 'simd' in meta else ''}.
-Date: {meta['date']}. Threads: **{meta['threads']}**, the same for every runtime of a row (`TVM_NUM_THREADS`, ORT
+Date: {meta['date']}. Background load: **{meta.get('load', 0)} spinning process(es)** beside every row. Threads: **{meta['threads']}**, the same for every runtime of a row (`TVM_NUM_THREADS`, ORT
 `intra_op_num_threads`, LiteRT `num_threads`). Latency: median of {meta['repeat']} runs, timed in {meta['rounds']} interleaved blocks
 per runtime, each block in a fresh process after {meta['warmup']} warm-up runs ("blocks": the quartiles of the blocks'
 medians; far apart, the machine's speed changed from process to process and the median is less sure). Ratio: median over the ONNX Runtime / LiteRT median
@@ -503,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="builds and tuning directories [default: $EDGEPACK_CACHE_DIR/bench]")
     parser.add_argument("--markdown", type=Path, help="also write the table, machine and command to this file")
     parser.add_argument("--json", type=Path, help="also write every sample to this JSON file")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="N processes spinning on the cores beside every row (a phone's other apps)")
+    parser.add_argument("--tvm-pool", action="store_true",
+                        help="also time the untuned build on TVM's own thread pool (EDGEPACK_PARALLEL=tvm)")
     parser.add_argument("--verbose", "-v", action="store_true")
     parser.add_argument("--time-one", metavar="JSON", help=argparse.SUPPRESS)  # internal: one timing process
     args = parser.parse_args(argv)
@@ -544,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     versions = ", ".join(f"{p} {md.version(p)}" for p in ("apache-tvm", "apache-tvm-ffi", "onnxruntime", "ai-edge-litert"))
     target = " ".join(f"{k}={v}" for k, v in profile.target.items())
-    meta = info | {"threads": " and ".join(map(str, args.threads)), "thread_counts": args.threads, "repeat": args.repeat, "rounds": args.rounds, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
+    meta = info | {"load": args.load, "threads": " and ".join(map(str, args.threads)), "thread_counts": args.threads, "repeat": args.repeat, "rounds": args.rounds, "warmup": args.warmup, "trials": trials_text(args.trials, args.models),
                    "batch": args.batch, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                    "profile_note": note, "target": f"`{target}`", "versions": versions, "sgemm": sgemm}
     print_table(rows, meta)
