@@ -42,6 +42,7 @@ class ScheduleReport:
     pipeline: str
     rules: tuple[str, ...]
     functions: list[ScheduledFunction] = field(default_factory=list)
+    recomputed: dict[str, float] = field(default_factory=dict)  # kernels doing x more arithmetic than their parts
 
     @property
     def unscheduled(self) -> list[str]:
@@ -62,6 +63,7 @@ class ScheduleReport:
             "num_functions": len(self.functions),
             "schedules": self.counts(),
             "unscheduled": self.unscheduled,
+            "recomputed": {name: round(factor, 2) for name, factor in sorted(self.recomputed.items())},
             "functions": [{"name": f.name, "schedule": f.schedule, "kernels": list(f.kernels)}
                           for f in self.functions],
         }

@@ -28,12 +28,35 @@ def is_scheduled(func) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1
 
 
+#: a kernel whose schedule does this many times the arithmetic of its operators apart recomputes a producer
+#: (an activation read twice and inlined twice, as a hard-swish, stays under it: cheaper than a pass to memory)
+RECOMPUTE_FACTOR = 1.5
+
+
+def recomputation(before, after) -> float | None:
+    """How many times the arithmetic of the unscheduled kernel ``before`` the scheduled ``after`` does
+    (TVM's FLOP estimate: a producer inlined into a reduction counts once per read), where that is over
+    ``RECOMPUTE_FACTOR``; None otherwise or where it cannot be estimated."""
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        plain = float(estimate_tir_flops(tvm.IRModule({"main": before})))
+        scheduled = float(estimate_tir_flops(tvm.IRModule({"main": after})))
+    except Exception:  # noqa: BLE001 - symbolic extents, opaque blocks: no estimate
+        return None
+    return scheduled / plain if plain > 0 and scheduled > RECOMPUTE_FACTOR * plain else None
+
+
 def recording_schedule_pass(rules: Sequence, record: dict[str, str],
-                            unscheduled: Callable[[object], str] = lambda _func: "none"):
+                            unscheduled: Callable[[object], str] = lambda _func: "none",
+                            recomputed: dict[str, float] | None = None):
     """``ApplyDefaultSchedule(*rules)`` that writes into ``record`` which rule took each function.
 
     Functions already scheduled (tuning records, TVM's own) are recorded as ``pre-scheduled`` unless
-    ``record`` already names them; a function no rule takes is recorded as ``unscheduled(func)``."""
+    ``record`` already names them; a function no rule takes is recorded as ``unscheduled(func)``.
+    ``recomputed`` receives the functions whose schedule does more arithmetic than their operators
+    apart (``recomputation``): a rule that computes a producer again for every read."""
     import tvm
     from tvm import tirx
 
@@ -60,6 +83,8 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                     sch = space if not isinstance(space, list) else space[0]
                     updated[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
                     record[name] = rule_name(rule)
+                    if recomputed is not None and (factor := recomputation(func, updated[gvar])) is not None:
+                        recomputed[name] = factor
                     break
                 else:
                     record[name] = unscheduled(func)

@@ -43,7 +43,8 @@ class CpuBackend(Backend):
         from tvm import relax
 
         record: dict[str, str] = {}
-        pipeline, rules = cpu_pipeline(target, record, records)
+        recomputed: dict[str, float] = {}
+        pipeline, rules = cpu_pipeline(target, record, records, recomputed)
         try:
             if system_lib:
                 executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
@@ -57,7 +58,8 @@ class CpuBackend(Backend):
                 "This is a gap in TVM's code generation for this model; please report it with the model attached.",
             ) from exc
         report = ScheduleReport(target=str(target), pipeline=describe_pipeline(records), rules=rules,
-                                functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())])
+                                functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())],
+                                recomputed=recomputed)
         return Build(executable, report)
 
     def tir_pipeline(self) -> str:
@@ -78,11 +80,15 @@ class CpuBackend(Backend):
             return []
         schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
         unscheduled = extra.get("unscheduled") or []
+        recomputed = extra.get("recomputed") or {}
         return [
             f"{extra.get('num_functions', 0)} fused functions ({extra.get('pipeline')}): {schedules or 'none'}",
             "unscheduled: none" if not unscheduled else
             f"unscheduled: {len(unscheduled)} function(s) run TVM's plain loop nest (no rule applies): "
             + ", ".join(unscheduled),
+            *([f"recomputed: {len(recomputed)} kernel(s) do more arithmetic than their operators apart "
+               "(a producer computed again for every read): "
+               + ", ".join(f"{n} (x{f:.1f})" for n, f in sorted(recomputed.items()))] if recomputed else []),
         ]
 
     def host_device(self, *, log=None) -> Any:

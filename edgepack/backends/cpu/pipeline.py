@@ -148,7 +148,8 @@ def _split_layout_rewrites():
     return _pass
 
 
-def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None):
+def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None,
+                 recomputed: dict[str, float] | None = None):
     """The pipeline (a module pass) and the names of what can schedule a kernel in it.
 
     ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none". Untuned
@@ -171,7 +172,7 @@ def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None =
             seq = tvm.transform.Sequential([
                 *prepare_passes(target, form),
                 *tuned,
-                recording_schedule_pass(rules, record),
+                recording_schedule_pass(rules, record, recomputed=recomputed),
                 *(weight_prepack_passes() if form.weight_prepack else []),
                 *cpu.dataflow_lower_passes(target),
                 *cpu.finalize_passes(target),

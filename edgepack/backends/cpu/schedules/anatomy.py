@@ -8,7 +8,7 @@ one to one to its loops (``T.axis.remap``); a kernel in another form is left to 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
+from math import gcd, prod
 from typing import Any
 
 
@@ -24,7 +24,7 @@ class Anatomy:
 
     block: Any  # the reduction block (its producers already inlined into it)
     after: list[Any]  # blocks after it (bias, activation, residual add...)
-    pads: list[Any]  # padding blocks before it (every other producer is inlined into it)
+    pads: list[Any]  # padding blocks before it (every other producer is inlined into it, or computed once)
     iter_vars: list[Any]
     spatial: list[int]  # positions of data-parallel iteration variables
     reduce: list[int]  # positions of reduction variables
@@ -214,10 +214,53 @@ def trivially_bound(sch, block) -> bool:
     return True
 
 
+#: arithmetic per element (operations, after its own producers are folded into it) from which a producer the
+#: reduction reads more than once per element is computed once, as a pass of its own, rather than inlined
+#: into the reduction, which would compute it again for every output channel and window tap
+RECOMPUTE_LIMIT = 2
+
+
+def arithmetic(sch, block) -> int:
+    """The arithmetic operations of the value ``block`` stores (index arithmetic excluded)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    stmt = sch.get(block)
+    if not isinstance(stmt.body, tirx.BufferStore):
+        return 0
+    counted = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Max, tirx.Min, tvm.ir.Call)
+    found = []
+
+    def skip(_node, _visitor) -> None:  # what a load's indices compute is not work
+        return None
+
+    def count(node, visitor) -> None:
+        found.append(node)
+        visitor.default_visit(node)
+
+    tvm_ffi.structural_visit(stmt.body.value, [(tvm.ir.expr.TensorLoad, skip), (counted, count)])
+    return len(found)
+
+
+def reads_per_element(sch, consumer, producer) -> float:
+    """How many times the consumer reads each element the producer writes: its iterations over the
+    producer's elements (a convolution: its output channels times its window's taps over the stride
+    squared; a per-channel value broadcast over an image: the pixels)."""
+    stmt = sch.get(consumer)
+    written = sch.get(producer).writes[0].source
+    elements = prod(int(d) for d in written.shape) if all(hasattr(d, "value") for d in written.shape) else 0
+    iterations = prod(int(iv.dom.extent.value) for iv in stmt.iter_vars if hasattr(iv.dom.extent, "value"))
+    return iterations / elements if elements else 1.0
+
+
 def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
     """The anatomy of a kernel with exactly one reduction block, its producers inlined into it, padding
     apart. ``keep``: a producer the caller schedules itself (``cpu.Conv2D``'s per-channel scaling of a
-    1x1 convolution's input); what it reads is inlined into it.
+    1x1 convolution's input); what it reads is inlined into it. A producer chain with arithmetic
+    (``RECOMPUTE_LIMIT``) that the reduction reads more than once per element (a layout transpose and a
+    hard-swish before a convolution) is folded into its last block, which stays a pass of its own: each
+    value computed once (``register_tile``'s ``schedule_leftovers`` parallelises and vectorizes it).
 
     None for kernels of another shape: no or several reductions, producers that cannot be inlined,
     symbolic extents."""
@@ -227,18 +270,48 @@ def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
         return None
     index = reductions[0]
     block = blocks[index]
-    pads = []
+    kept = [b for b in blocks[:index] if keep is not None and sch.get(b).same_as(sch.get(keep))]
+    pads = [b for b in blocks[:index] if b not in kept and is_padding(sch, b)]
+    computed_once = _computed_once(sch, block, [b for b in blocks[:index] if b not in kept], pads)
     for producer in blocks[:index]:
-        if keep is not None and sch.get(producer).same_as(sch.get(keep)):
-            continue
-        if is_padding(sch, producer):
-            pads.append(producer)
+        if producer in kept or producer in pads or any(sch.get(producer).same_as(sch.get(c)) for c in computed_once):
             continue
         try:
             sch.compute_inline(producer)
         except Exception:  # noqa: BLE001 - a producer read twice or in another shape: not this form
             return None
     return anatomy_of(sch, block, pads, list(blocks[index + 1:]))
+
+
+def worth_computing_once(sch, producer, consumers) -> bool:
+    """Whether ``producer`` (its own producers folded in) has ``RECOMPUTE_LIMIT`` operations per element and
+    a consumer reads its elements more than once: inlined, its arithmetic would be done again per read."""
+    return arithmetic(sch, producer) >= RECOMPUTE_LIMIT and any(reads_per_element(sch, c, producer) > 1.5
+                                                                 for c in consumers)
+
+
+def _computed_once(sch, reduction, producers: list[Any], pads: list[Any]) -> list[Any]:
+    """The producers the reduction (or its padding) reads directly whose chain has at least
+    ``RECOMPUTE_LIMIT`` operations per element and whose elements the reduction reads more than once."""
+    def same(a, b) -> bool:
+        return sch.get(a).same_as(sch.get(b))
+
+    work = {}
+    for producer in producers:  # in order: a block's producers come before it
+        upstream = [p for p in producers if any(same(p, q) for q in sch.get_producers(producer))]
+        work[producer] = arithmetic(sch, producer) + sum(work.get(p, 0) for p in upstream)
+    readers = [reduction, *pads]
+    chosen = []
+    for producer in producers:
+        if any(same(producer, p) for p in pads):
+            continue
+        consumers = sch.get_consumers(producer)
+        if not any(same(c, r) for c in consumers for r in readers) or work[producer] < RECOMPUTE_LIMIT:
+            continue
+        target = next((p for p in pads if any(same(c, p) for c in consumers)), reduction)
+        if reads_per_element(sch, target if target is reduction else reduction, producer) > 1.5:
+            chosen.append(producer)
+    return chosen
 
 
 def anatomy_of(sch, block, pads: list[Any] | None = None, after: list[Any] | None = None) -> Anatomy | None:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from edgepack.backends.cpu.schedules.anatomy import child_blocks, is_spatial, stores_one_value, trivially_bound
+from edgepack.backends.cpu.schedules.anatomy import (
+    child_blocks,
+    is_spatial,
+    stores_one_value,
+    trivially_bound,
+    worth_computing_once,
+)
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
 from edgepack.backends.cpu.schedules.tiling import parallel_vectorize
 
 
 class Injective(CpuRule):
-    """Kernels without reductions: intermediate blocks inlined, each remaining block's loops fused,
-    split across the cores and into SIMD vectors along the innermost dimension."""
+    """Kernels without reductions: intermediate blocks inlined (but one that would then be computed again
+    for every read: a per-channel gate broadcast over the image, ``worth_computing_once``), each remaining
+    block's loops fused, split across the cores and into SIMD vectors along the innermost dimension."""
 
     rule_name = "cpu.Injective"
 
@@ -20,6 +27,8 @@ class Injective(CpuRule):
                                  for b in blocks):
             return False
         for block in blocks[:-1]:
+            if worth_computing_once(sch, block, sch.get_consumers(block)):
+                continue
             try:
                 sch.compute_inline(block)
             except Exception:  # noqa: BLE001 - e.g. a block that writes a function output: kept
