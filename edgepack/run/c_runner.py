@@ -22,7 +22,7 @@ from edgepack.progress import Progress
 from edgepack.tensors import TensorSpec, contiguous
 from edgepack.toolchain.c_programs import build_c_program
 from edgepack.toolchain.compilers import find_compilers
-from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.toolchain.sources import C_API, c_api_files, source_dir
 from edgepack.toolchain.tvm_runtime import ensure_target_runtime
 
 RUN_TIMEOUT_S = 900  # qemu is slow; a stuck run must still end
@@ -144,7 +144,7 @@ def runner_for_profile(profile: Profile, progress: Progress | None = None) -> Pa
     c_dir = source_dir(C_API)
     key = hashlib.sha256("\n".join([
         str(runtime.root), compilers.version, file_sha256(c_dir / "examples" / "main.c"),
-        file_sha256(c_dir / "src" / "edgepack.c"), file_sha256(c_dir / "include" / "edgepack.h"),
+        *(file_sha256(path) for path in c_api_files()),
     ]).encode()).hexdigest()[:12]
     base = cache_root() / "runners"
     base.mkdir(parents=True, exist_ok=True)
