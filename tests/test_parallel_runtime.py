@@ -40,6 +40,40 @@ def test_the_pools_own_test_passes_here_and_under_qemu(profile, tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
 
 
+def _fake_cpus(root: Path, cpus: dict[int, tuple[int, int]]) -> Path:
+    """A copy of /sys/devices/system/cpu describing ``cpus``: {cpu: (max kHz, core id)}."""
+    for cpu, (khz, core) in cpus.items():
+        (root / f"cpu{cpu}" / "cpufreq").mkdir(parents=True)
+        (root / f"cpu{cpu}" / "topology").mkdir()
+        (root / f"cpu{cpu}" / "cpufreq" / "cpuinfo_max_freq").write_text(f"{khz}\n")
+        (root / f"cpu{cpu}" / "topology" / "physical_package_id").write_text("0\n")
+        (root / f"cpu{cpu}" / "topology" / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def test_the_pool_takes_the_big_cores_of_a_big_little_device(tmp_path):
+    """A phone's CPU tree (one little, one big core, as this machine's two CPUs): one thread by default, its
+    workers pinned to the big core; two equal cores: both, unpinned; hyper-threads of one core: one."""
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")  # the fake trees below describe them
+    program = tmp_path / "test_parallel"
+    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-rdynamic", "-I", C_API / "src",
+                    C_API / "tests" / "test_parallel.c", C_API / "src" / "ep_parallel.c", "-lpthread", "-ldl", "-o",
+                    program], check=True, capture_output=True)
+
+    def device(cpus: dict[int, tuple[int, int]], name: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+        env["EDGEPACK_SYSFS_CPU"] = str(_fake_cpus(tmp_path / name, cpus))
+        return json.loads(subprocess.run([program, "--device"], capture_output=True, text=True, env=env,
+                                         check=True).stdout)
+
+    assert device({0: (1_800_000, 0), 1: (2_400_000, 1)}, "big-little") == {"default_threads": 1, "pinned_cpus": 1}
+    assert device({0: (2_400_000, 0), 1: (2_400_000, 1)}, "equal") == {"default_threads": 2, "pinned_cpus": 0}
+    assert device({0: (2_400_000, 0), 1: (2_400_000, 0)}, "one-core") == {"default_threads": 1, "pinned_cpus": 0}
+
+
 def _in_a_fresh_process(code: str, env: dict | None = None) -> dict:
     import os
 

@@ -179,6 +179,20 @@ def test_a_wrong_build_fails_on_this_machine(models, tmp_path, mutation):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+@pytest.mark.parametrize("mutation", ["loop_bound", "zero_channel"])
+def test_a_wrong_build_fails_where_the_device_code_runs(models, build_cache, tmp_path, profile, mutation):
+    """The device library (aarch64, armv7) run by the C runner under qemu: a wrong build fails, the
+    unmodified one passes."""
+    cls = models["ppocr_cls"]
+    assert validate(build_cache(cls, profile), "emulator").passed
+    build = wrong_build(cls.path, profile, tmp_path / mutation, mutation, input_shapes=cls.input_shapes)
+    report = validate(build, "emulator")
+    assert report.ran_on.startswith("C runner under qemu-"), report.ran_on
+    assert not report.passed and report.outputs[0].mismatched > 0 and not report.degenerate, report.to_dict()
+
+
+@pytest.mark.slow
 def test_a_wrong_build_fails_on_natural_inputs_too(models, tmp_path):
     """PP-OCR's detector on the scanned page (its output on noise is all but zero: degenerate), with one
     transposed convolution's weights scaled."""

@@ -18,6 +18,7 @@ from edgepack.devices.local_server import LocalRPCServer
 from edgepack.devices.session import bring_up
 from edgepack.profiles import Profile
 from edgepack.progress import Progress
+from edgepack.run.parallel import set_pool_threads
 from edgepack.run.places import OnDevice, OnFarm, Place, ThisMachine
 from edgepack.toolchain.compilers import HOST_TRIPLE, Compilers, find_compilers, host_compilers
 from edgepack.toolchain.rpc_server import server_bundle
@@ -154,11 +155,19 @@ def _rpc_runner(key: str, session_timeout: float, *, port: int | None = None, tr
                      f_cleanup=cleanup_remote, max_workers=workers, **factory)
 
 
+def pool_in_runner() -> None:
+    """The local runner's worker process: candidates' parallel loops on edgepack's thread pool, at the
+    thread count the tuning measures with (``TVM_NUM_THREADS``), as a build runs them (``run.parallel``)."""
+    threads = os.environ.get("TVM_NUM_THREADS", "").strip()
+    set_pool_threads(int(threads) if threads.isdigit() else 0)
+
+
 def _host_measurer(profile: Profile, say: Progress, cold_weights: bool) -> Measurer:
     from tvm.s_tir.meta_schedule.runner import LocalRunner
 
     say("Measuring on this machine")
-    runner = LocalRunner(timeout_sec=60.0, evaluator_config=_evaluator_config(remote=False, cold_weights=cold_weights))
+    runner = LocalRunner(timeout_sec=60.0, evaluator_config=_evaluator_config(remote=False, cold_weights=cold_weights),
+                         initializer=pool_in_runner)
     return Measurer(_local_builder(backend_for(profile)), runner, "host", remote=False)
 
 

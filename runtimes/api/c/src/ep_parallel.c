@@ -114,6 +114,12 @@ static long read_long(const char* path) {
   return v;
 }
 
+/* Where the kernel describes the CPUs ($EDGEPACK_SYSFS_CPU: a copy of that tree, for tests). */
+static const char* sysfs_cpu(void) {
+  const char* root = getenv("EDGEPACK_SYSFS_CPU");
+  return root != NULL && root[0] != '\0' ? root : "/sys/devices/system/cpu";
+}
+
 /* The physical cores of the fastest kind among the CPUs this process may use; `big` gets those CPUs
    (hyper-threads of a core included). Returns the number of cores, and whether some allowed CPUs are
    slower (then workers are pinned to the big ones). */
@@ -129,15 +135,15 @@ static int big_cores(cpu_set_t* big, int* heterogeneous) {
     return online > 0 ? (int)online : 1;
   }
   for (cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    char path[128];
+    char path[512];
     freq[cpu] = -1;
     if (!CPU_ISSET(cpu, &allowed)) continue;
-    snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq", cpu);
+    snprintf(path, sizeof(path), "%s/cpu%d/cpufreq/cpuinfo_max_freq", sysfs_cpu(), cpu);
     freq[cpu] = read_long(path);
     if (freq[cpu] > max_freq) max_freq = freq[cpu];
   }
   for (cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    char path[128];
+    char path[512];
     long package, core, id;
     int i, known = 0;
     if (!CPU_ISSET(cpu, &allowed)) continue;
@@ -146,9 +152,9 @@ static int big_cores(cpu_set_t* big, int* heterogeneous) {
       continue;
     }
     CPU_SET(cpu, big);
-    snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+    snprintf(path, sizeof(path), "%s/cpu%d/topology/physical_package_id", sysfs_cpu(), cpu);
     package = read_long(path);
-    snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+    snprintf(path, sizeof(path), "%s/cpu%d/topology/core_id", sysfs_cpu(), cpu);
     core = read_long(path);
     id = (package < 0 || core < 0) ? -1 - cpu : package * 65536 + core;
     for (i = 0; i < count; ++i) known |= seen[i] == id;

@@ -111,6 +111,12 @@ int main(int argc, char** argv) {
   int s, t, r;
   job_t job;
 
+  if (argc > 1 && strcmp(argv[1], "--device") == 0) { /* what the pool makes of this (or a fake) CPU tree */
+    printf("{\"default_threads\": %d, \"pinned_cpus\": %d}\n", ep_parallel_default_threads(),
+           ep_parallel_pinned_cpus());
+    return 0;
+  }
+
   for (t = 0; t < 4; ++t) {
     check("set threads", ep_parallel_set_threads(counts[t]) == counts[t]);
     for (s = 0; s < 6; ++s) {
