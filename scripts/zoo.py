@@ -67,7 +67,8 @@ def one(name: str, profile: str, work: Path) -> dict:
         if inputs is False or (kind == "natural" and inputs is None):
             continue
         try:
-            report = validate(build.output_dir, row["on"], inputs=inputs)
+            report = validate(build.output_dir, row["on"], inputs=inputs,
+                              **({"atol": model.atol} if model.atol is not None else {}))
         except EdgepackError as exc:
             runs.append({"inputs": kind, "result": "ERROR", "error": exc.message[:300]})
             continue

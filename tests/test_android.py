@@ -49,7 +49,7 @@ from edgepack.tensors import TensorSpec, random_inputs
 from edgepack.toolchain import tvm_runtime
 from edgepack.toolchain.android_ndk import ABI_MACHINES, ABIS, EM_X86_64
 from edgepack.toolchain.model_library import export_model_shared, model_meta_text
-from edgepack.toolchain.sources import C_API, source_dir
+from edgepack.toolchain.sources import C_API, c_api_sources, source_dir
 from edgepack.validation import compare
 
 PACKAGE = "com.example.vision"
@@ -345,7 +345,7 @@ def test_jni_layer_is_warning_free_for_host_and_arm(host_jni, host_runtime, tmp_
     for n, cc in enumerate(compilers):
         if shutil.which(cc[0]) is None or (len(cc) > 1 and shutil.which(cc[1].split("=")[1] + "-gcc") is None):
             continue
-        for src in (android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c"):
+        for src in (android_sources_dir() / "jni" / "edgepack_jni.c", *c_api_sources()):
             _run([*cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", *includes, "-c", src,
                   "-o", tmp_path / f"{n}-{src.stem}.o"])
 
@@ -517,7 +517,7 @@ def aarch64_jni(tmp_path_factory, host_runtime) -> Path | None:
     c_dir = source_dir(C_API)
     includes = [f"-I{d}" for d in (c_dir / "include", *host_runtime.include_dirs, *jdk_include_dirs())]
     _run(["aarch64-linux-gnu-gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", *includes,
-          android_sources_dir() / "jni" / "edgepack_jni.c", c_dir / "src" / "edgepack.c", "-o", out])
+          android_sources_dir() / "jni" / "edgepack_jni.c", *c_api_sources(), "-o", out])
     return out
 
 

@@ -31,6 +31,7 @@ from edgepack.devices.ssh import (
     scan_host_key,
     trust_host_key,
 )
+from edgepack.toolchain.sources import c_api_sources
 
 pytestmark = pytest.mark.slow
 
@@ -199,11 +200,11 @@ def build_rpc_server(out_dir: Path, include_dirs: list[Path], libs: list[Path], 
     for lib in libs:
         shutil.copy2(lib, out_dir / lib.name)
     exe = out_dir / "edgepack_rpc_server"
-    includes = [f"-I{d}" for d in (C_API_DIR / "include", *include_dirs)]
+    includes = [f"-I{d}" for d in (C_API_DIR / "include", C_API_DIR / "src", *include_dirs)]
     cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *includes,
-           "-o", str(exe), str(SERVER_SOURCE), str(C_API_DIR / "src" / "edgepack.c"), f"-L{out_dir}",
+           "-o", str(exe), str(SERVER_SOURCE), *map(str, c_api_sources()), f"-L{out_dir}",
            "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
-           "-Wl,--as-needed", "-ldl", "-Wl,-rpath,$ORIGIN"]
+           "-Wl,--as-needed", "-lpthread", "-ldl", "-Wl,-rpath,$ORIGIN"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     return exe
 
