@@ -28,6 +28,7 @@ from edgepack.packaging.android import AndroidPackage, package_android
 from edgepack.packaging.c import CBundle, package_c, read_bundle, run_bundle
 from edgepack.processing import ImagePreprocess, NmsPostprocess, OutputPostprocess
 from edgepack.profiles import Profile, get_profile, list_profiles
+from edgepack.quantizing import QuantizeResult, quantize
 from edgepack.run.results import BenchResult
 from edgepack.tuning import TuningResult, TuningSummary, load_tuning
 from edgepack.tuning import tune_model as tune
@@ -36,8 +37,9 @@ from edgepack.versions import __version__
 
 __all__ = [
     "AndroidPackage", "BenchResult", "BuildManifest", "CBundle", "CompileResult", "EdgepackError", "ImagePreprocess",
-    "KernelListing", "ModelInfo", "ModelInspection", "NmsPostprocess", "OutputPostprocess", "Profile", "TuningResult",
+    "KernelListing", "ModelInfo", "ModelInspection", "NmsPostprocess", "OutputPostprocess", "Profile", "QuantizeResult",
+    "TuningResult",
     "TuningSummary", "ValidationReport", "__version__",
     "bench", "compile", "get_profile", "inspect", "kernels", "list_profiles", "load_tuning", "package_android",
-    "package_c", "parse_input_shapes", "read_bundle", "read_manifest", "run_bundle", "tune", "validate",
+    "package_c", "parse_input_shapes", "quantize", "read_bundle", "read_manifest", "run_bundle", "tune", "validate",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 
 from edgepack.degenerate import degeneracy, input_independent
 from edgepack.errors import EdgepackError
+from edgepack.frontends import inspect_model
 from edgepack.frontends.reference import reference_outputs
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.processing import manifest_plan, picture_frames, random_frames, run_processed_reference
@@ -36,6 +37,7 @@ class OutputComparison:
     passed: bool
     problem: str = ""  # why it could not be compared at all: missing, extra, named otherwise, another shape
     degenerate: str = ""  # why the reference output cannot show a wrong build ("" when it can): edgepack.degenerate
+    step: float | None = None  # a quantized output's step: values within one of it pass (8-bit arithmetic rounds)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,10 @@ class ValidationReport:
         }
 
 
-def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> OutputComparison:
+def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float,
+            step: float | None = None) -> OutputComparison:
+    """``actual`` against ``expected``: each value within ``atol + rtol * |expected|``, or within one
+    quantization ``step`` of a quantized output (two 8-bit kernels may round one value differently)."""
     expected = np.asarray(expected)
     actual = np.asarray(actual)
     if actual.shape != expected.shape:
@@ -86,14 +91,17 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, atol: float, rt
     diff = np.abs(a - e)
     finite = np.isfinite(a) == np.isfinite(e)
     both_nan = np.isnan(a) & np.isnan(e)
-    within = (diff <= atol + rtol * np.abs(e)) | both_nan | (a == e)
+    allowed = atol + rtol * np.abs(e)
+    if step is not None:
+        allowed = np.maximum(allowed, step * (1 + 1e-6))
+    within = (diff <= allowed) | both_nan | (a == e)
     within &= finite
     max_abs = float(np.nanmax(diff)) if diff.size else 0.0
     scale = float(np.nanmax(np.abs(e))) if e.size else 0.0
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     mismatched = int(within.size - np.count_nonzero(within))
     return OutputComparison(name, str(expected.dtype), tuple(expected.shape), max_abs, max_rel,
-                            mismatched, mismatched == 0)
+                            mismatched, mismatched == 0, step=step)
 
 
 def merge(runs: list[tuple[OutputComparison, ...]]) -> tuple[OutputComparison, ...]:
@@ -102,7 +110,8 @@ def merge(runs: list[tuple[OutputComparison, ...]]) -> tuple[OutputComparison, .
     return tuple(
         OutputComparison(same[0].name, same[0].dtype, same[0].shape, max(c.max_abs_error for c in same),
                          max(c.max_rel_error for c in same), sum(c.mismatched for c in same),
-                         all(c.passed for c in same), next((c.problem for c in same if c.problem), ""))
+                         all(c.passed for c in same), next((c.problem for c in same if c.problem), ""),
+                         step=same[0].step)
         for same in zip(*runs))
 
 
@@ -113,7 +122,7 @@ def _failed(spec: TensorSpec, problem: str) -> OutputComparison:
 
 
 def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: dict[str, np.ndarray],
-                    atol: float, rtol: float) -> tuple[OutputComparison, ...]:
+                    atol: float, rtol: float, steps: dict[str, float] | None = None) -> tuple[OutputComparison, ...]:
     """Every output of the model (``specs``) against the reference's ``expected`` (by name): first that the
     run returned as many outputs as the model has, named as the model names them where the running side
     reports names, then their values."""
@@ -129,7 +138,8 @@ def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: di
             compared.append(_failed(spec, f"{ran.ran_on} returned output {i} as {ran.names[i]!r}, not "
                                           f"{spec.name!r}: the library was made from another model"))
         else:
-            compared.append(compare(spec.name, ran.arrays[i], expected[spec.name], atol, rtol))
+            compared.append(compare(spec.name, ran.arrays[i], expected[spec.name], atol, rtol,
+                                    (steps or {}).get(spec.name)))
     for i in range(len(specs), len(ran.arrays)):
         extra = TensorSpec(ran.names[i] if ran.names and i < len(ran.names) else f"output {i}",
                            str(ran.arrays[i].dtype), tuple(ran.arrays[i].shape))
@@ -209,6 +219,7 @@ def validate(
         runs, fed = [check_inputs(inputs, manifest.inputs)], "the given arrays"
     else:
         runs, fed = [load_inputs(Path(inputs), manifest.inputs)], f"inputs from {inputs}"
+    steps = inspect_model(build_dir / manifest.model_file).output_steps if plan is None else {}
     started = time.perf_counter()
     compared = []
     references: list[dict[str, np.ndarray]] = []
@@ -224,7 +235,7 @@ def validate(
                 [np.asarray(e) for e in reference_run.outputs]
             expected = dict(zip(reference_run.names, reference_run.expected(actual, atol, rtol)))
         references.append(expected)
-        compared.append(compare_outputs(manifest.outputs, ran, expected, atol, rtol))
+        compared.append(compare_outputs(manifest.outputs, ran, expected, atol, rtol, steps))
     probe = _probe(build_dir, manifest, runs[0], seed) if plan is None and len(runs) == 1 else None
     reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
     if plan is not None:

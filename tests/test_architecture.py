@@ -4,7 +4,7 @@ it is dealing with by name.
 
     cli                     the command line (thin)
     edgepack (__init__)     the public Python API
-    operations              compiling, validation, benchmark, inspection, packaging, tuning, doctor
+    operations              compiling, validation, benchmark, inspection, packaging, tuning, doctor, quantizing
     run                     places to run a build (host, emulator, device, farm; the --on parser)
     devices                 SSH, installs, RPC servers, sessions, the farm
     backends                CPU, OpenCL, Vulkan behind one interface
@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"backends"},
     {"devices"},
     {"run"},
-    {"compiling", "validation", "benchmark", "inspection", "packaging", "tuning", "doctor"},
+    {"compiling", "validation", "benchmark", "inspection", "packaging", "tuning", "doctor", "quantizing"},
     {"__init__"},
     {"cli", "__main__"},
 ]

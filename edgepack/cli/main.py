@@ -152,6 +152,33 @@ def validate(
         raise typer.Exit(1)
 
 
+@app.command()
+def quantize(
+    model: Annotated[Path, typer.Argument(help="A float ONNX model.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the 8-bit model (.onnx).")],
+    calibration: Annotated[Path, typer.Option("--calibration", "-c", help="A folder of pictures (with --preprocess) or an .npz of inputs, each array the samples stacked on a new first axis.")],
+    preprocess: Annotated[list[str] | None, typer.Option("--preprocess", metavar="NAME=image:FORMAT,...", help="How a picture becomes the model's input, as for `compile` (mean, std, layout, order).")] = None,
+    input_shape: InputShapeOption = None,
+    method: Annotated[str, typer.Option("--method", help="Activation ranges: minmax, percentile or entropy.")] = "minmax",
+    per_tensor: Annotated[bool, typer.Option("--per-tensor", help="One scale per weight tensor \\[default: per output channel].")] = False,
+    keep_float: Annotated[list[str] | None, typer.Option("--keep-float", metavar="OP_TYPE|NODE", help="Leave these operator types or nodes in float (repeat).")] = None,
+    held_out: Annotated[float, typer.Option("--held-out", help="Share of the samples kept out of calibration to measure the cost (0: none).")] = 0.2,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output if it exists.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Quantize a float ONNX model to 8 bits (QDQ) from calibration data; print what it costs against the
+    float model on held-out samples. `edgepack compile` runs the result on integer kernels."""
+    with render.steps(quiet=as_json) as step:
+        result = edgepack.quantize(model, output, calibration=calibration, preprocess=preprocess,
+                                   input_shapes=edgepack.parse_input_shapes(input_shape), method=method,
+                                   per_channel=not per_tensor, keep_float=tuple(keep_float or ()),
+                                   held_out=held_out, force=force, progress=step)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render.quantize_summary(result)
+
+
 app.command()(tune)
 app.add_typer(tuning_app, name="tuning")
 app.add_typer(device_app, name="device")

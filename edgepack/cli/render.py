@@ -175,6 +175,10 @@ def validation_report(report) -> None:
                       str(o.mismatched), "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]")
     console.print(table)
     for o in report.outputs:
+        if o.step is not None:
+            console.print(f"{o.name}: quantized, values within one step ({o.step:.3g}) of the reference pass",
+                          highlight=False)
+    for o in report.outputs:
         if o.problem:
             console.print(f"[bold red]{o.name}[/]: {o.problem}", highlight=False)
     for o in report.outputs:
@@ -188,6 +192,23 @@ def validation_report(report) -> None:
     else:
         failed = sum(not o.passed for o in report.outputs)
         console.print(f"[bold red]FAIL[/] {failed} of {len(report.outputs)} outputs differ from the reference.")
+
+
+def quantize_summary(result) -> None:
+    table = Table(title=f"{result.output} ({result.method}, weights per {'channel' if result.per_channel else 'tensor'}; "
+                        f"{result.calibration_samples} calibration, {result.held_out_samples} held-out sample(s))",
+                  title_justify="left")
+    for col in ("output", "max abs err", "mean abs err", "top-1 agreement"):
+        table.add_column(col, justify="left" if col == "output" else "right")
+    for o in result.outputs:
+        table.add_row(o.name, f"{o.max_abs_error:.3g}", f"{o.mean_abs_error:.3g}",
+                      "-" if o.top1_agreement is None else f"{o.top1_agreement:.0%}")
+    console.print(table)
+    if result.note:
+        console.print(f"[yellow]note[/]: {result.note}", highlight=False)
+    if result.kept_float:
+        console.print(f"kept in float: {', '.join(result.kept_float)}", highlight=False)
+    console.print(f"Wrote {result.output}; compile it with `edgepack compile {result.output}`.", highlight=False)
 
 
 def doctor_table(checks) -> None:

@@ -61,7 +61,27 @@ def inspect_onnx(path: Path) -> ModelInfo:
     unsupported = {op: n for op, n in counts.items() if op not in supported}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return ModelInfo(path, "onnx", file_sha256(path), inputs, outputs, dict(counts.most_common()),
-                     unsupported, opset)
+                     unsupported, opset, _onnx_output_steps(model, outputs))
+
+
+def _onnx_output_steps(model, outputs: tuple[TensorSpec, ...]) -> dict[str, float]:
+    """8-bit outputs (step 1) and float outputs a DequantizeLinear makes (step: its largest scale)."""
+    from onnx import numpy_helper
+
+    constants = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    producers = {out: node for node in model.graph.node for out in node.output}
+    steps = {}
+    for spec in outputs:
+        node = producers.get(spec.name)
+        if spec.dtype in ("int8", "uint8"):
+            steps[spec.name] = 1.0
+        elif node is not None and node.op_type == "DequantizeLinear" and len(node.input) > 1 \
+                and node.input[1] in constants:
+            steps[spec.name] = float(abs(numpy_helper.to_array(constants[node.input[1]])).max())
+    return steps
 
 
 def _onnx_op_name(node) -> str:

@@ -75,7 +75,9 @@ def inspect_tflite(path: Path) -> ModelInfo:
     unsupported = {op: n for op, n in counts.items() if op not in converter.convert_map}
     inputs = tuple(_tflite_tensor_spec(graph.Tensors(graph.Inputs(i))) for i in range(graph.InputsLength()))
     outputs = tuple(_tflite_tensor_spec(graph.Tensors(graph.Outputs(i))) for i in range(graph.OutputsLength()))
-    return ModelInfo(path, "tflite", file_sha256(path), inputs, outputs, dict(counts.most_common()), unsupported)
+    steps = {o.name: 1.0 for o in outputs if o.dtype in ("int8", "uint8")}  # 8-bit outputs: one step is 1
+    return ModelInfo(path, "tflite", file_sha256(path), inputs, outputs, dict(counts.most_common()), unsupported,
+                     output_steps=steps)
 
 
 def import_tflite(info: ModelInfo, inputs: tuple[TensorSpec, ...]):

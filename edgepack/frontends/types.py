@@ -21,6 +21,9 @@ class ModelInfo:
     operator_counts: dict[str, int]
     unsupported_operators: dict[str, int] = field(default_factory=dict)
     opset: int | None = None
+    # outputs that are quantized: their quantization step, in the output's own units (an 8-bit integer
+    # output: 1; a float output made by DequantizeLinear: its scale); validation allows one step there
+    output_steps: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {

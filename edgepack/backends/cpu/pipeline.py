@@ -21,6 +21,7 @@ from typing import Any
 
 from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_output_channels
+from edgepack.backends.cpu.integer import integer_products
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
 from edgepack.backends.cpu.schedules import default_rules
@@ -70,6 +71,7 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
+    integer = [integer_products()]
     layout = [_channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
@@ -83,7 +85,7 @@ def prepare_passes(target, form: KernelForm) -> list:
         if p.info.name == "FuseTIR" and form.channels_last and form.fused_scale:
             legalize.append(fuse_channel_scale())
         legalize.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
-    return [*layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
+    return [*integer, *layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
 
 
 def _channels_last():
