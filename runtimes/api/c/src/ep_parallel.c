@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +36,12 @@
 #define EP_WAIT_SPIN_NS 20000L /* the caller's spin for the last parts before it yields */
 #define EP_CACHE 16            /* libraries remembered: whether they synchronise inside a loop */
 #define EP_CLOSED (1 << 28)    /* a block with no part left (a counter may overshoot it a little) */
+/* Every EP_LOAD_NS the pool looks at how much of the CPUs other processes took (/proc/stat less this
+   process's own time): with a core held by another app, a worker there would share it, and every kernel
+   would wait for the part it was running when parked; the pool then uses only the cores left (the
+   workers it does not use sleep). Where /proc/stat cannot be read (Android apps), it uses every thread. */
+#define EP_LOAD_NS 50000000L
+#define EP_OTHERS_MARGIN 0.3 /* cores others must take beyond whole ones before one more is given up */
 
 typedef struct {
   void* sync_handle;
@@ -61,7 +68,12 @@ static struct {
   pthread_t tid[EP_MAX_THREADS];
   cpu_set_t big;           /* the CPUs workers are pinned to */
   int pinned;              /* CPUs in `big` if workers are pinned, else 0 */
+  int cpus;                /* CPUs this process may run on */
   int configured;          /* big cores read, blocks closed */
+  atomic_int want;         /* threads loops use now: <= threads, fewer while other processes hold cores */
+  pthread_cond_t idle;     /* workers beyond `want` wait here */
+  long load_at;            /* when the load was last looked at (launch lock held) */
+  double load_busy, load_self; /* CPU seconds then: all processes (/proc/stat), this one */
 
   /* the loop in flight: written by its caller before it opens the blocks, read by a thread only after
      it has taken a part (so a worker that wakes late never reads a half-written loop) */
@@ -82,6 +94,7 @@ static struct {
   .launch = PTHREAD_MUTEX_INITIALIZER,
   .sleep = PTHREAD_MUTEX_INITIALIZER,
   .wake = PTHREAD_COND_INITIALIZER,
+  .idle = PTHREAD_COND_INITIALIZER,
 };
 
 static __thread int ep_in_part;          /* a loop started inside a part runs inline */
@@ -210,7 +223,14 @@ static void* worker_main(void* arg) {
   unsigned seen = atomic_load(&pool.published);
   pin_to_big_cores();
   for (;;) {
-    unsigned now = atomic_load(&pool.published);
+    unsigned now;
+    if (slot >= atomic_load(&pool.want)) { /* not in use (fewer threads asked, or cores taken): sleep */
+      pthread_mutex_lock(&pool.sleep);
+      while (slot >= atomic_load(&pool.want) && !atomic_load(&pool.stop)) pthread_cond_wait(&pool.idle, &pool.sleep);
+      pthread_mutex_unlock(&pool.sleep);
+      /* `seen` stays: a loop published while it woke is run (its open parts taken; a finished one has none) */
+    }
+    now = atomic_load(&pool.published);
     if (now == seen) {
       long until = now_ns() + EP_SPIN_NS;
       int spins = 0;
@@ -240,6 +260,12 @@ static void configure_device(void) {
   if (pool.configured) return;
   big_cores(&pool.big, &heterogeneous);
   pool.pinned = heterogeneous ? CPU_COUNT(&pool.big) : 0;
+  {
+    cpu_set_t allowed;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    pool.cpus = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed)
+                                                                      : (online > 0 ? (int)online : 1);
+  }
   for (b = 0; b < EP_MAX_THREADS; ++b) atomic_store(&pool.block[b].next, EP_CLOSED);
   pool.configured = 1;
 }
@@ -317,15 +343,78 @@ static int run_inline(ep_lambda fn, void* cdata) {
   return r;
 }
 
+/* CPU seconds all processes have used (/proc/stat's first line: user to steal), < 0 if unreadable. */
+static double busy_seconds(void) {
+  unsigned long long v[8] = {0};
+  long hz = sysconf(_SC_CLK_TCK);
+  FILE* f = fopen("/proc/stat", "r");
+  int n = 0;
+  if (f == NULL) return -1;
+  n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+             &v[7]);
+  fclose(f);
+  if (n < 8 || hz <= 0) return -1;
+  return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)hz; /* not idle (3), iowait (4) */
+}
+
+static double own_seconds(void) {
+  struct rusage use;
+  if (getrusage(RUSAGE_SELF, &use) != 0) return -1;
+  return (double)use.ru_utime.tv_sec + use.ru_utime.tv_usec / 1e6 + use.ru_stime.tv_sec + use.ru_stime.tv_usec / 1e6;
+}
+
+/* `threads`, or fewer where other processes hold `taken` of this process's CPUs (at least one). */
+static int threads_available(int threads, int taken) {
+  int free = pool.cpus - taken;
+  return free >= threads ? threads : (free > 1 ? free : 1);
+}
+
+/* Threads for the next loops: `threads`, less the cores other processes took since the last look
+   (launch lock held; at most every EP_LOAD_NS). */
+static int threads_to_use(int threads, long now) {
+  double busy, self, others;
+  int taken, want = atomic_load(&pool.want);
+  if (want < 1 || want > threads) want = threads;
+  if (now - pool.load_at < EP_LOAD_NS) return want;
+  busy = busy_seconds();
+  self = own_seconds();
+  if (busy >= 0 && self >= 0 && pool.load_at > 0) {
+    others = ((busy - pool.load_busy) - (self - pool.load_self)) / ((double)(now - pool.load_at) / 1e9);
+    taken = others > EP_OTHERS_MARGIN ? (int)(others + 1.0 - EP_OTHERS_MARGIN) : 0;
+    want = threads_available(threads, taken);
+  } else if (busy < 0) {
+    want = threads;
+  }
+  pool.load_at = now;
+  pool.load_busy = busy;
+  pool.load_self = self;
+  return want;
+}
+
 int ep_parallel_launch(void* lambda, void* cdata, int num_task) {
   ep_lambda fn = (ep_lambda)lambda;
-  int threads, per, b, r;
+  int threads, per, b, r, use;
   unsigned number;
-  long until;
+  long until, started = now_ns();
   atomic_fetch_add_explicit(&pool.loops, 1, memory_order_relaxed);
   if (ep_in_part) return run_inline(fn, cdata);
   threads = configured_threads();
   if (threads <= 1 || pthread_mutex_trylock(&pool.launch) != 0) return run_inline(fn, cdata);
+  use = threads_to_use(threads, started);
+  if (use != atomic_load(&pool.want)) {
+    int more = use > atomic_load(&pool.want);
+    atomic_store(&pool.want, use);
+    if (more) {
+      pthread_mutex_lock(&pool.sleep);
+      pthread_cond_broadcast(&pool.idle);
+      pthread_mutex_unlock(&pool.sleep);
+    }
+  }
+  if (num_task <= 0 && use < threads) threads = use;
+  if (threads <= 1) {
+    pthread_mutex_unlock(&pool.launch);
+    return run_inline(fn, cdata);
+  }
   if (num_task > 0 && num_task < threads) threads = num_task;
   per = (num_task > 0 || may_synchronise(lambda)) ? 1 : EP_PARTS_PER_THREAD;
   pool.fn = fn;
@@ -384,6 +473,10 @@ int ep_parallel_set_threads(int num_threads) {
   pthread_mutex_lock(&pool.config);
   configure_device();
   pool.threads = num_threads;
+  atomic_store(&pool.want, num_threads); /* every thread again, until the load says otherwise */
+  pthread_mutex_lock(&pool.sleep);
+  pthread_cond_broadcast(&pool.idle);
+  pthread_mutex_unlock(&pool.sleep);
   pthread_mutex_unlock(&pool.config);
   pthread_mutex_unlock(&pool.launch);
   return num_threads;
@@ -398,6 +491,11 @@ int ep_parallel_threads(void) {
 }
 
 unsigned long ep_parallel_loops(void) { return atomic_load(&pool.loops); }
+
+int ep_parallel_threads_in_use(void) {
+  int want = atomic_load(&pool.want);
+  return want > 0 ? want : ep_parallel_threads();
+}
 
 int ep_parallel_pinned_cpus(void) {
   int pinned;

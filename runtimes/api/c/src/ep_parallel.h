@@ -28,8 +28,11 @@ int ep_parallel_barrier(int task_id, void* penv);
 /* Threads of the parallel loops, the calling thread included (<= 0: the default: $TVM_NUM_THREADS,
    else the device's big cores). Waits for a loop in flight; workers start at the first loop. */
 int ep_parallel_set_threads(int num_threads);
-/* The threads a parallel loop uses now. */
+/* The threads a parallel loop may use (what ep_parallel_set_threads set, or the default). */
 int ep_parallel_threads(void);
+/* The threads loops use now: fewer than ep_parallel_threads() while other processes hold cores
+   (the pool looks at /proc/stat every 50 ms; where it cannot, all of them). */
+int ep_parallel_threads_in_use(void);
 /* The default thread count: $TVM_NUM_THREADS, else the physical cores of the fastest kind this
    process may run on (a big.LITTLE phone or board: its big cores). */
 int ep_parallel_default_threads(void);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ep_parallel.h"
 
@@ -111,6 +112,19 @@ int main(int argc, char** argv) {
   int s, t, r;
   job_t job;
 
+  if (argc > 2 && strcmp(argv[1], "--busy") == 0) { /* loops for argv[2] ms: how many threads it ends on */
+    struct timespec start, now;
+    int n = 200000;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    ep_parallel_set_threads(0);
+    do {
+      run_job(n, 0, -1, &r, &job);
+      check("a loop under load", r == 0);
+      clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 < atol(argv[2]));
+    printf("{\"threads\": %d, \"threads_in_use\": %d}\n", ep_parallel_threads(), ep_parallel_threads_in_use());
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "--device") == 0) { /* what the pool makes of this (or a fake) CPU tree */
     printf("{\"default_threads\": %d, \"pinned_cpus\": %d}\n", ep_parallel_default_threads(),
            ep_parallel_pinned_cpus());
