@@ -365,9 +365,10 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     convolution with enough channels to run as Winograd kernels, pointwise with a residual add, max and
     average pooling, global average pooling, a dense layer with softmax, layer normalisation, a
     batched matmul of two activations, and transposed convolutions (stride 2 with output padding, then
-    depthwise stride 2; stride 4 dilated 2, grouped). Outputs: ``logits`` [1, 10] (softmax),
-    ``features`` [1, 24, H, W], ``attention`` [1, 4, 6, 6], ``normed`` [1, 24, H*W],
-    ``upsampled`` [1, 12, 4H, 4W], ``dilated`` [1, 8, 4H + 1, 4W + 1] (H = W = size / 2)."""
+    depthwise stride 2; stride 4 dilated 2, grouped; stride 4, a 5x5 kernel, uneven padding and output
+    padding past it). Outputs: ``logits`` [1, 10] (softmax), ``features`` [1, 24, H, W], ``attention``
+    [1, 4, 6, 6], ``normed`` [1, 24, H*W], ``upsampled`` [1, 12, 4H, 4W], ``dilated`` and ``strided4``
+    [1, 8 / 6, 4H + 1, 4W + 1] (H = W = size / 2)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -425,6 +426,7 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
     conv_transpose("up2.relu", 12, 12, 2, "upsampled", group=12, strides=[2, 2])  # depthwise
     conv_transpose("res", 24, 8, 3, "dilated", group=2, strides=[4, 4], dilations=[2, 2], pads=[1, 1, 1, 1],
                    output_padding=[2, 2])
+    conv_transpose("res", 24, 6, 5, "strided4", strides=[4, 4], pads=[1, 2, 2, 1], output_padding=[3, 3])
     graph = helper.make_graph(
         nodes, "layer_zoo", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10]),
@@ -432,7 +434,8 @@ def onnx_layer_zoo(path: Path, *, size: int = 20, seed: int = 0) -> Path:
          helper.make_tensor_value_info("attention", TensorProto.FLOAT, [1, 4, 6, 6]),
          helper.make_tensor_value_info("normed", TensorProto.FLOAT, [1, 24, half * half]),
          helper.make_tensor_value_info("upsampled", TensorProto.FLOAT, [1, 12, 4 * half, 4 * half]),
-         helper.make_tensor_value_info("dilated", TensorProto.FLOAT, [1, 8, 4 * half + 1, 4 * half + 1])], inits)
+         helper.make_tensor_value_info("dilated", TensorProto.FLOAT, [1, 8, 4 * half + 1, 4 * half + 1]),
+         helper.make_tensor_value_info("strided4", TensorProto.FLOAT, [1, 6, 4 * half + 1, 4 * half + 1])], inits)
     return _save_opset17(graph, path)
 
 def onnx_with_scalar_input(path: Path, length: int = 8) -> Path:

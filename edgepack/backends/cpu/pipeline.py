@@ -21,6 +21,7 @@ from typing import Any
 
 from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_output_channels
+from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
 from edgepack.backends.cpu.integer import integer_products
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
@@ -71,7 +72,7 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
-    integer = [integer_products()]
+    integer = [integer_products(), conv_transpose_as_convolution()]
     layout = [_channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
