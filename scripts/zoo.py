@@ -9,7 +9,8 @@ validated where its build runs, on seeded random inputs and on its natural input
 Where a build runs: host builds on this machine, other CPU profiles as device libraries under qemu-user
 (``--on emulator``), GPU profiles on this machine's OpenCL / Vulkan device (PoCL, lavapipe). Each (model,
 profile) runs in its own process, so a driver that aborts costs one row, not the sweep. A row is PASS when
-every validation passed and at least one had a reference that can show a wrong build (not degenerate).
+every validation passed and some output of some run had a reference that can show a wrong build (not
+degenerate).
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ def one(name: str, profile: str, work: Path) -> dict:
         worst = max(report.outputs, key=lambda o: o.max_rel_error)
         runs.append({"inputs": kind, "result": "PASS" if report.passed else "FAIL",
                      "degenerate": [o.degenerate for o in report.outputs if o.degenerate],
+                     "informative": sum(not o.degenerate for o in report.outputs),
                      "max_abs_error": worst.max_abs_error, "max_rel_error": worst.max_rel_error,
                      "mismatched": sum(o.mismatched for o in report.outputs)})
     row["runs"] = runs
     passed = runs and all(r["result"] == "PASS" for r in runs)
-    informative = any(r["result"] == "PASS" and not r["degenerate"] for r in runs)
+    informative = any(r["result"] == "PASS" and r["informative"] for r in runs)
     row["result"] = "PASS" if passed and informative else "DEGENERATE" if passed else \
         next(r["result"] for r in runs if r["result"] != "PASS") if runs else "NO INPUTS"
     return row
@@ -113,8 +115,10 @@ def markdown(rows: list[dict], profiles: list[str], command: str) -> str:
              "Every real model of `scripts/fetch_models.py`, compiled for each profile and validated where its build",
              "runs (host: this machine; rpi4/rpi3: the device library under qemu-user; GPU profiles: PoCL, lavapipe),",
              "on seeded random inputs and on its natural input (a photo, a scanned page, speech). PASS: every",
-             "validation passed and at least one reference could show a wrong build; the error is the largest",
-             "relative one of a run. Reproduce:", "", f"    {command}", "",
+             "validation passed and some reference output could show a wrong build; the error is the largest",
+             "relative one of a run. MediaPipe pose is validated with atol 1.0: its segmentation logits reach",
+             "1700, and LiteRT's own XNNPACK and built-in kernels differ by 0.71 there. Reproduce:", "",
+             f"    {command}", "",
              "| model | family | " + " | ".join(profiles) + " |",
              "|---|---|" + "---|" * len(profiles)]
     for name in names:

@@ -60,6 +60,23 @@ def vulkan_driver_missing() -> str | None:
     return why
 
 
+def plugin_with_a_device(backend_name: str) -> dict:
+    """The backend's runtime plug-in loaded into this process with a device behind it. Skips only where the
+    system's own tools list no such device (``*_driver_missing``); a plug-in that fails to load or to see
+    the device fails the test."""
+    import pytest
+
+    from edgepack.backends import get_backend
+
+    why = {"opencl": opencl_driver_missing, "vulkan": vulkan_driver_missing}[backend_name]()
+    if why:
+        pytest.skip(why)
+    backend = get_backend(backend_name)
+    info = backend.load_plugin()
+    assert info["available"] and info["devices"], f"edgepack's {backend.label} runtime sees no device: {info}"
+    return info
+
+
 def tiny_module(fn, shapes, name: str = "tiny"):
     """An imported-model stand-in whose ``main`` is ``fn`` over inputs of ``shapes`` ([(shape, dtype)])."""
     import tvm  # noqa: F401

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_common import apt_install, tiny_module, vulkan_driver_missing
+from gpu_common import apt_install, plugin_with_a_device, tiny_module
 
 from edgepack.backends import get_backend
 from edgepack.backends.int64 import Int64Refused, narrow_int64, target_lacks_int64
@@ -35,14 +35,8 @@ VULKAN = get_backend("vulkan")
 
 @pytest.fixture(scope="module")
 def lavapipe():
-    """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0). Skips only
-    where the system itself lists no Vulkan device; a plug-in that fails to load or to see it fails."""
-    why = vulkan_driver_missing()
-    if why:
-        pytest.skip(why)
-    info = VULKAN.load_plugin()
-    assert info["available"] and info["devices"], f"edgepack's Vulkan runtime sees no adapter: {info}"
-    return info
+    """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0)."""
+    return plugin_with_a_device("vulkan")
 
 
 @pytest.fixture(scope="module")

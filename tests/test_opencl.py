@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli, skip_outside_setup
-from gpu_common import builds_once, check_gpu_build, opencl_driver_missing, tiny_module, unscheduled_module
+from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
 from mutation import wrong_build
 
 import edgepack
@@ -53,11 +53,7 @@ def _has_ndk() -> bool:
 def pocl():
     """The plug-in loaded into this process and an OpenCL device (PoCL) behind tvm.opencl(0). Skips only
     where the system itself lists no OpenCL device; a plug-in that fails to load or to see it fails."""
-    why = opencl_driver_missing()
-    if why:
-        pytest.skip(why)
-    info = OPENCL.load_plugin()
-    assert info["available"] and info["devices"], f"edgepack's OpenCL plug-in sees no device: {info}"
+    plugin_with_a_device("opencl")
     return OPENCL.runtime_info()
 
 

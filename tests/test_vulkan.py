@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
-from gpu_common import builds_once, check_gpu_build, tiny_module, unscheduled_module, vulkan_driver_missing
+from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
 from mutation import wrong_build
 
 import edgepack
@@ -41,14 +41,8 @@ VULKAN = get_backend("vulkan")
 
 @pytest.fixture(scope="session")
 def lavapipe():
-    """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0). Skips only
-    where the system itself lists no Vulkan device; a plug-in that fails to load or to see it fails."""
-    why = vulkan_driver_missing()
-    if why:
-        pytest.skip(why)
-    info = VULKAN.load_plugin()
-    assert info["available"] and info["devices"], f"edgepack's Vulkan runtime sees no adapter: {info}"
-    return info
+    """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0)."""
+    return plugin_with_a_device("vulkan")
 
 
 @pytest.fixture(scope="session")
