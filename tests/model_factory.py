@@ -636,3 +636,38 @@ def onnx_large_weights(path: Path, *, seed: int = 0) -> Path:
     graph = helper.make_graph(nodes, "large_weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])], inits)
     return _save_opset17(graph, path)
+
+
+def onnx_conv_lstm_classifier(path: Path, *, seed: int = 0, classes: int = 1001) -> Path:
+    """A CRNN in small (PP-OCRv2's recogniser's form): convolutions over a 8x40 text line, its columns as a
+    sequence through a bidirectional LSTM (imported as steps stacked at the end), a classifier of an odd
+    number of classes (no SIMD width divides 1001) and a softmax over them, each row 1001 long."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = _ConvLayers(seed)
+    rng, hidden, channels = layers.rng, 24, 16
+    x = layers.conv("x", "stem", channels, 3, 3)
+    x = layers.conv(x, "dw", channels, channels, 3, group=channels)
+    x = layers.conv(x, "pw", channels, channels, 1)  # [1, 16, 8, 40]
+    features = channels * 8
+    lstm = [rng.normal(0, 0.3, shape).astype(np.float32)
+            for shape in ((2, 4 * hidden, features), (2, 4 * hidden, hidden), (2, 8 * hidden))]
+    head = [rng.normal(0, 0.5, (2 * hidden, classes)).astype(np.float32), rng.normal(0, 0.5, classes).astype(np.float32)]
+    layers.inits += [numpy_helper.from_array(a, n) for a, n in zip([*lstm, *head], ["W", "R", "B", "fc_w", "fc_b"])]
+    layers.inits.append(numpy_helper.from_array(np.array([40, 1, features], np.int64), "seq_shape"))
+    layers.inits.append(numpy_helper.from_array(np.array([1, 40, 2 * hidden], np.int64), "out_shape"))
+    layers.nodes += [
+        helper.make_node("Transpose", [x], ["cols"], perm=[3, 0, 1, 2]),  # [40, 1, 16, 8]: a column a step
+        helper.make_node("Reshape", ["cols", "seq_shape"], ["seq"]),
+        helper.make_node("LSTM", ["seq", "W", "R", "B"], ["states"], hidden_size=hidden, direction="bidirectional"),
+        helper.make_node("Transpose", ["states"], ["steps"], perm=[1, 0, 2, 3]),  # [1, 40, 2, 24]
+        helper.make_node("Reshape", ["steps", "out_shape"], ["both"]),
+        helper.make_node("MatMul", ["both", "fc_w"], ["logits0"]),
+        helper.make_node("Add", ["logits0", "fc_b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    graph = helper.make_graph(layers.nodes, "crnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 40])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 40, classes])],
+                              layers.inits)
+    return _save_opset17(graph, path)

@@ -9,6 +9,10 @@ store is faster (Zen 4, AVX-512, one thread, pointwise convolutions with their c
 at 32x32 0.036 ms, padded to 40 0.032; 24 -> 28 at 64x64 0.086 ms, padded to 32 0.081; 512 -> 1000 at
 13x13, SqueezeNet's classifier, 1.97 ms, padded to 1008 1.71; without a crop, 56 against 64 channels
 0.0175 / 0.0169 ms, 88 against 96 0.041 / 0.039). The weights are constants: padded here, once.
+
+A matrix product by a constant matrix is padded the same way along its columns: PP-OCRv2's classifier,
+40 x 96 by 96 x 6625 (6625 = 5^3 x 53: vectors of 5 lanes), ran 1.18 ms, padded to 6640 columns
+0.56 ms (Zen 4, 1 thread, in the model).
 """
 
 from __future__ import annotations
@@ -57,6 +61,28 @@ def pad_output_channels(lanes: int):
                 "with output channels padded to whole SIMD vectors")
 
     return conv2d_rewrite_pass("EdgepackPadOutputChannels", rewrite)
+
+
+def pad_matmul_columns(lanes: int):
+    """A Relax module pass: each float32 matrix product by a constant 2-D matrix whose columns the SIMD
+    width does not divide gets ``padded_channels`` columns (zeros) and a slice back to its own."""
+
+    def rewrite(call, weight: np.ndarray, bb):
+        from tvm import relax
+
+        shape = static_shape(call)
+        if weight.ndim != 2 or weight.dtype != np.float32 or dtype_of(call) != "float32" or shape is None:
+            return None
+        columns = int(weight.shape[1])
+        padded = padded_channels(columns, lanes)
+        if padded == columns:
+            return None
+        grown = np.concatenate([weight, np.zeros((weight.shape[0], padded - columns), weight.dtype)], axis=1)
+        wide = bb.emit(relax.op.matmul(call.args[0], relax.const(grown), call.attrs.out_dtype))
+        return (relax.op.strided_slice(wide, axes=[len(shape) - 1], begin=[0], end=[columns]),
+                "with columns padded to whole SIMD vectors")
+
+    return conv2d_rewrite_pass("EdgepackPadMatmulColumns", rewrite, op="relax.matmul", noun="matrix product")
 
 
 def _suits(call) -> bool:

@@ -1,5 +1,5 @@
-"""The Relax module pass the CPU pipeline's convolution rewrites share (``winograd.py``, ``channels.py``):
-each ``relax.nn.conv2d`` whose weights are constants is offered to a rewrite, which replaces it or keeps
+"""The Relax module pass the CPU pipeline's convolution and matrix-product rewrites share (``winograd.py``,
+``channels.py``): each ``relax.nn.conv2d`` (or ``relax.matmul``) whose weights are constants is offered to a rewrite, which replaces it or keeps
 it, and the pass logs how many convolutions each rewrite took."""
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ logger = logging.getLogger("edgepack.schedules")
 Rewrite = Callable[[Any, np.ndarray, Any], "tuple[Any, str] | None"]
 
 
-def conv2d_rewrite_pass(name: str, rewrite: Rewrite):
-    """A Relax module pass named ``name``: every convolution whose weights are constants (directly or
-    through variables, transposes and casts: ``bound_constant``) goes through ``rewrite``; then dead
-    bindings are dropped and "N convolution(s) <what>" is logged for each kind of rewrite done."""
+def conv2d_rewrite_pass(name: str, rewrite: Rewrite, op: str = "relax.nn.conv2d", noun: str = "convolution"):
+    """A Relax module pass named ``name``: every call of ``op`` (a convolution) whose second operand, the
+    weights, is a constant (directly or through variables, transposes and casts: ``bound_constant``) goes
+    through ``rewrite``; then dead bindings are dropped and "N <noun>(s) <what>" is logged for each kind
+    of rewrite done."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+    rewritten = tvm.ir.Op.get(op)
 
     @mutator
     class Rewriter(PyExprMutator):
@@ -43,7 +44,7 @@ def conv2d_rewrite_pass(name: str, rewrite: Rewrite):
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if not call.op.same_as(conv2d):
+            if not call.op.same_as(rewritten):
                 return call
             weight = bound_constant(call.args[1], self.bindings)
             result = None if weight is None else rewrite(call, weight, self.builder_)
@@ -60,7 +61,7 @@ def conv2d_rewrite_pass(name: str, rewrite: Rewrite):
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
         for what, count in sorted(rewriter.done.items()):
-            logger.info("%d convolution(s) %s", count, what)
+            logger.info("%d %s(s) %s", count, noun, what)
         return relax.transform.DeadCodeElimination()(rewriter.builder_.finalize())
 
     return _pass

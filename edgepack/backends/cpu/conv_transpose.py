@@ -12,7 +12,7 @@ convolution's. A 2x2 kernel of stride 2 becomes a 1x1 convolution. The CPU rules
 convolution like any other (channels-last, register tiles, Winograd where it pays).
 
 Only float32 NCHW/IOHW, ungrouped, undilated transposed convolutions with constant weights are rewritten;
-others stay as they are (kept NCHW by the channels-last pass, ``pipeline._channels_last``).
+others stay as they are (kept NCHW by the channels-last pass, ``channels_last.py``).
 """
 
 from __future__ import annotations

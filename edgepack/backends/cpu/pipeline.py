@@ -1,12 +1,13 @@
 """The Relax pipeline of CPU builds: TVM's CPU passes with edgepack's default schedules and, for tuned
 builds, MetaSchedule's records applied first.
 
-    dispatch, legalize, fuse         convolutions channels-last (NHWC), 3x3 ones as Winograd kernels
-                                     (``winograd.py``), output channels padded to whole vectors
-                                     (``channels.py``), depthwise convolutions and per-channel
-                                     scalings fused into the 1x1 convolution after them
-                                     (``fuse_depthwise.py``, ``fuse_scale.py``), weights marked
-                                     layout-free
+    dispatch, legalize, fuse         convolutions channels-last (NHWC, ``channels_last.py``), 3x3 ones
+                                     as Winograd kernels (``winograd.py``), output channels and a
+                                     constant matrix's columns padded to whole vectors (``channels.py``),
+                                     softmax with a vectorizable exp (``softmax.py``), depthwise
+                                     convolutions and per-channel scalings fused into the 1x1
+                                     convolution after them (``fuse_depthwise.py``, ``fuse_scale.py``),
+                                     weights marked layout-free
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
     weight layouts folded            each kernel's weight rewrite runs once, here, on the constants
@@ -16,23 +17,22 @@ builds, MetaSchedule's records applied first.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any
 
 from edgepack.backends.base import KernelForm, TuningRecords
-from edgepack.backends.cpu.channels import pad_output_channels
+from edgepack.backends.cpu.channels import pad_matmul_columns, pad_output_channels
+from edgepack.backends.cpu.channels_last import channels_last
 from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
 from edgepack.backends.cpu.integer import integer_products
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
+from edgepack.backends.cpu.softmax import vector_softmax
 from edgepack.backends.cpu.weights import fold_constant_calls
 from edgepack.backends.cpu.winograd import winograd_convolutions
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
-from edgepack.errors import first_line
 
-logger = logging.getLogger("edgepack.schedules")
 
 
 def _cpu_passes():
@@ -72,12 +72,13 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
-    integer = [integer_products(), conv_transpose_as_convolution()]
-    layout = [_channels_last()] if form.channels_last else []
+    integer = [integer_products(), conv_transpose_as_convolution(), vector_softmax()]
+    layout = [channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
     if form.channels_last and form.padded_channels:
-        layout.append(pad_output_channels(CpuInfo.of(target).lanes(32)))
+        lanes = CpuInfo.of(target).lanes(32)
+        layout += [pad_output_channels(lanes), pad_matmul_columns(lanes)]
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
     legalize = []
     for p in cpu.legalize_passes(target):
@@ -87,25 +88,6 @@ def prepare_passes(target, form: KernelForm) -> list:
             legalize.append(fuse_channel_scale())
         legalize.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
     return [*integer, *layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
-
-
-def _channels_last():
-    """TVM's ``ConvertLayout`` to NHWC convolutions, or the model as it is where TVM's layout inference
-    fails on one of its operators (e.g. ONNX MaxPool with indices): a layout is a speed choice."""
-    import tvm
-    from tvm import relax
-
-    convert = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]})
-
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackChannelsLast")
-    def _pass(mod, _ctx):
-        try:
-            return convert(mod)
-        except Exception as exc:  # noqa: BLE001 - TVM raises its own errors from layout inference
-            logger.info("kept the model's layout: ConvertLayout failed: %s", first_line(exc))
-            return mod
-
-    return _pass
 
 
 def weight_prepack_passes() -> list:

@@ -40,28 +40,72 @@ class Reduction(CpuRule):
                     pass
         for block in child_blocks(sch):
             if is_spatial(sch, block):
-                parallel_vectorize(sch, block, cpu)
+                parallel_vectorize(sch, block, cpu, odd_vectors=False)
             else:
                 _schedule_reduction(sch, block, cpu)
         return True
 
 
+# rows at least this many SIMD vectors long are reduced in partial results (``_partial_results``)
+PARTIAL_RESULTS_MIN_EXTENT = 4
+
+
 def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
     from tvm import tirx
 
-    loops = sch.get_loops(block)
-    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
-    spatial = [loop for loop, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar]
-    reduce = [loop for loop, kind in zip(loops, kinds) if kind != tirx.IterVar.DataPar]
-    sch.reorder(*spatial, *reduce)
-    if spatial:
-        rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        size = prod(static_extent(sch, loop) or 1 for loop in sch.get_loops(block))
-        if (static_extent(sch, rows) or 1) > 1 and size >= PARALLEL_MIN_ELEMENTS:
-            sch.parallel(rows)
+    def rows_in_parallel(block) -> list:
+        """The block's spatial loops first, fused and across the cores; its reduction loops."""
+        loops = sch.get_loops(block)
+        kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+        spatial = [loop for loop, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar]
+        reduce = [loop for loop, kind in zip(loops, kinds) if kind != tirx.IterVar.DataPar]
+        sch.reorder(*spatial, *reduce)
+        if spatial:
+            rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+            size = prod(static_extent(sch, loop) or 1 for loop in sch.get_loops(block))
+            if (static_extent(sch, rows) or 1) > 1 and size >= PARALLEL_MIN_ELEMENTS:
+                sch.parallel(rows)
+        return reduce
+
+    simd = cpu.lanes(int(sch.get(block).writes[0].source.dtype.bits))
+    innermost = sch.get_loops(block)[-1]
+    extent = static_extent(sch, innermost) or 1
+    if sch.get(block).iter_vars[-1].iter_type != tirx.IterVar.DataPar \
+            and extent >= PARTIAL_RESULTS_MIN_EXTENT * simd:
+        partial = _partial_results(sch, block, innermost, simd)
+        if partial is not None:
+            *rows, chunks, lane = sch.get_loops(partial)  # rfactor put the lanes before the chunks
+            sch.reorder(chunks, lane)
+            if rows:
+                count = prod(static_extent(sch, r) or 1 for r in rows)
+                fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+                if count > 1 and count * extent >= PARALLEL_MIN_ELEMENTS:
+                    sch.parallel(fused)
+            if extent % simd == 0:
+                sch.vectorize(lane)
+            else:
+                sch.unroll(lane)
+            rows_in_parallel(block)
+            return
+    reduce = rows_in_parallel(block)
     innermost = reduce[-1]
     extent = static_extent(sch, innermost) or 1
-    lanes = power_of_two_divisor(extent, cpu.lanes(int(sch.get(block).writes[0].source.dtype.bits)))
+    lanes = power_of_two_divisor(extent, simd)
     if lanes > 1 and extent > lanes:
         _, chunk = sch.split(innermost, [None, lanes])
         sch.unroll(chunk)
+
+
+def _partial_results(sch, block, innermost, simd: int):
+    """A long reduction as ``simd`` partial results, one per lane (TVM's ``rfactor``), combined at the end:
+    each partial result is a chain of its own, so the adds (or max) of neighbouring elements no longer
+    wait on each other. Summed in one chain, a row's reduction runs at one element per add latency (3-4
+    cycles); LLVM may not reorder float adds itself. A row the lanes do not divide (a recogniser's 6625
+    characters) has its last chunk guarded. The block of partial results, or None where ``rfactor`` does not
+    take the block (it is then as it was)."""
+    chunks, lane = sch.split(innermost, [None, simd])
+    try:
+        return sch.rfactor(lane, 0)
+    except Exception:  # noqa: BLE001 - a ScheduleError: a reducer rfactor does not take (argmax's pairs)
+        sch.fuse(chunks, lane)
+        return None

@@ -390,21 +390,24 @@ def rewrite_weight_layouts(sch) -> None:
     RewriteLayout().apply(sch)
 
 
-def parallel_vectorize(sch, block, cpu: CpuInfo) -> None:
-    """A spatial block at the root: all its loops fused, split across the cores and into SIMD vectors."""
+def parallel_vectorize(sch, block, cpu: CpuInfo, *, odd_vectors: bool = True) -> None:
+    """A spatial block at the root: all its loops fused, split across the cores and into SIMD vectors.
+    ``odd_vectors=False``: where the row makes no vector of a power of two lanes filling half a register
+    (6625 elements: vectors of 5), the rows are left to LLVM's loop vectorizer (full vectors, a scalar
+    tail) rather than vectors of an odd width."""
     loops = sch.get_loops(block)
     if not loops:
         return
     innermost = static_extent(sch, loops[-1]) or 1
     bits = max(8, int(sch.get(block).writes[0].source.dtype.bits))
-    if scalar_only(sch, block):  # the loop nest as it is (fused, LLVM contracted the index arithmetic
+    period = index_period(sch, block)  # vectors stay inside what the indices divide the row into
+    lanes = vector_lanes(gcd(innermost, period) if period else innermost, cpu.lanes(bits))
+    if scalar_only(sch, block) or (not odd_vectors and lanes & (lanes - 1)):  # the loop nest as it is (fused, LLVM contracted the index arithmetic
         extents = [static_extent(sch, loop) or 1 for loop in loops]  # differently): its first loop of more
         first = next((k for k, extent in enumerate(extents[:-1]) if extent > 1), None)  # than one trip runs
         if first is not None and prod(extents) >= PARALLEL_MIN_ELEMENTS:  # in parallel
             sch.parallel(loops[first])
         return
-    period = index_period(sch, block)  # vectors stay inside what the indices divide the row into
-    lanes = vector_lanes(gcd(innermost, period) if period else innermost, cpu.lanes(bits))
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = static_extent(sch, flat) or 1
     elements = total
