@@ -103,3 +103,25 @@ def test_residual_sum_and_relu6_fuse_into_the_convolution(tmp_path):
                                  KernelForm(channels_last=channels_last))
         names = [t.name for t in tasks if "transpose" not in t.name]
         assert len(names) == 1 and all(op in names[0] for op in ("conv2d", "add", "maximum", "minimum")), names
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize(("axes", "keepdims"), [([1], 0), ([-1], 1), ([0, 2], 0), ([], 1)])
+def test_max_and_min_reductions_keep_their_axes_in_every_opset(tmp_path, op, opset, axes, keepdims):
+    """Axes are an attribute up to opset 17 and an input from 18; the attribute's were once dropped
+    and the reduction ran over every axis (an opset-17 softmax's ReduceMax gave one number)."""
+    rng = np.random.default_rng(0)
+    inputs, inits, attrs = ["x"], [], {"keepdims": keepdims}
+    if opset >= 18 and axes:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        inputs.append("axes")
+    elif axes:
+        attrs["axes"] = axes
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    actual, expected = _run_both(model, {"x": rng.normal(0, 1, (3, 5, 7)).astype(np.float32)}, tmp_path)
+    assert [a.shape for a in actual] == [e.shape for e in expected]
+    np.testing.assert_array_equal(actual[0], expected[0])

@@ -16,14 +16,21 @@ class _ReduceExtreme(OnnxOpConverter):
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
+        """Axes from the attribute (opsets 1-17) or the second input (18 on); TVM's own converter is
+        only called for the form of opset 18, so the attribute is read here: handed to it, the axes of
+        an opset-17 ``ReduceMax(axes=[1])`` were dropped and the reduction ran over every axis."""
         x = inputs[0]
         tvm_conv = getattr(_tvm, cls.op_type).get_converter(18)
         if not isinstance(getattr(x, "ty", None), relax.TensorType) or x.ty.shape is None:
+            if attr.get("axes") is not None:
+                return _reduce(cls.op_type)(x, [int(a) for a in attr["axes"]], bool(attr.get("keepdims", 1)))
             return tvm_conv(bb, inputs, attr, params)
         shape = _shape(x)
         axes = attr.get("axes")
         if axes is None and len(inputs) > 1 and inputs[1] is not None:
             axes = _const_value(inputs[1])
+        if (axes is None or len(axes) == 0) and attr.get("noop_with_empty_axes", 0):
+            return x
         axes = list(range(len(shape))) if axes is None or len(axes) == 0 else [int(a) % len(shape) for a in axes]
         keep = attr.get("keepdims", 1)
         if any(shape[a] == 0 for a in axes):
@@ -35,9 +42,13 @@ class _ReduceExtreme(OnnxOpConverter):
             return relax.const(_np.full(out_shape, fill, dtype=dt), dt)
         if _dtype(x) == "bool":
             as_int = bb.normalize(relax.op.astype(x, "int8"))
-            out = tvm_conv(bb, [as_int] + list(inputs[1:]), attr, params)
-            return relax.op.astype(bb.normalize(out), "bool")
-        return tvm_conv(bb, inputs, attr, params)
+            out = bb.normalize(_reduce(cls.op_type)(as_int, axes, bool(keep)))
+            return relax.op.astype(out, "bool")
+        return _reduce(cls.op_type)(x, axes, bool(keep))
+
+
+def _reduce(op_type: str):
+    return relax.op.max if op_type == "ReduceMax" else relax.op.min
 
 
 for _op in ("ReduceMax", "ReduceMin"):
