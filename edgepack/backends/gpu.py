@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
@@ -87,17 +88,33 @@ def _is_dlight_pass(p) -> bool:
     return inner is not None and type(inner).__name__ == "ApplyDefaultSchedule"
 
 
-def gpu_tuning_passes(target) -> list:
+def _legalize_passes(target, max_buffers: int | None) -> list:
+    """TVM's legalisation passes for ``target``, kernels kept within ``max_buffers`` storage buffers
+    (``kernel_buffers.py``: wide concatenations split, larger fused groups dissolved) where the backend
+    has such a limit."""
+    from tvm.relax import pipeline as rp
+
+    passes = [split_wide_operators(max_buffers)] if max_buffers is not None else []
+    with target:  # the adreno passes read Target.current()
+        for p in rp.legalize_passes(target):
+            passes.append(p)
+            if max_buffers is not None and p.info.name == "FuseOps":
+                passes.append(limit_kernel_buffers(max_buffers))
+    return passes
+
+
+def gpu_tuning_passes(target, max_buffers: int | None = None) -> list:
     """The GPU pipeline's passes up to fused, unscheduled TIR kernels: dispatch and legalisation
     without dlight's default schedules. MetaSchedule extracts its tuning tasks after these, and a
     tuned build applies the records at the same point, so the kernels match."""
     from tvm.relax import pipeline as rp
 
     with target:  # the adreno passes read Target.current()
-        return [*rp.library_dispatch_passes(target), *(p for p in rp.legalize_passes(target) if not _is_dlight_pass(p))]
+        return [*rp.library_dispatch_passes(target),
+                *(p for p in _legalize_passes(target, max_buffers) if not _is_dlight_pass(p))]
 
 
-def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None):
+def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None):
     """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
     with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
 
@@ -112,7 +129,7 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None)
     legalize = []
     rules: list = []
     with target:  # the adreno passes read Target.current()
-        for p in rp.legalize_passes(target):
+        for p in _legalize_passes(target, max_buffers):
             if _is_dlight_pass(p):
                 if not rules:
                     legalize.append(_short_kernel_names())
@@ -304,6 +321,8 @@ class GpuBackend(Backend):
     info_function: ClassVar[str]
     #: The driver hint when this machine has no device.
     driver_hint: ClassVar[str]
+    #: Storage buffers one kernel may bind (per shader stage), or None where the API sets no such limit.
+    max_storage_buffers: ClassVar[int | None] = None
 
     # --- what a GPU backend says for itself
 
@@ -345,7 +364,7 @@ class GpuBackend(Backend):
         from tvm import relax
 
         record: dict[str, str] = {}
-        pipeline, rules = _gpu_pipeline(target, record, records)
+        pipeline, rules = _gpu_pipeline(target, record, records, self.max_storage_buffers)
         found: dict[str, dict[str, Any]] = {}
 
         @tvm.instrument.pass_instrument
@@ -369,6 +388,7 @@ class GpuBackend(Backend):
                 "attached.",
             ) from exc
         _refuse_unscheduled(name, record, rules, None)
+        self._refuse_over_limit(name, found)
 
         sections = self.split_source(module_source(executable, self.module_kind))
         kernels = []
@@ -391,6 +411,20 @@ class GpuBackend(Backend):
 
     def report_details(self) -> dict[str, Any]:
         return {}
+
+    def _refuse_over_limit(self, name: str, kernels: dict[str, dict[str, Any]]) -> None:
+        """A CompileError naming the kernels that bind more storage buffers than ``max_storage_buffers``
+        (one operator with that many operands: fused groups are kept within it)."""
+        limit = self.max_storage_buffers
+        over = {k: sum(a == "handle" for a in info["args"]) for k, info in kernels.items()}
+        over = {k: n for k, n in over.items() if limit is not None and n > limit}
+        if over:
+            worst = max(over, key=over.get)
+            raise CompileError(
+                f"{name}: {len(over)} {self.language} kernel(s) bind more storage buffers than the {limit} a "
+                f"{self.label} kernel may, e.g. {worst} ({over[worst]}): an operator with that many operands.",
+                "Split the operator in the model (a concatenation of fewer tensors at a time), or compile for "
+                "a CPU profile.")
 
     def host_target(self, profile: Profile) -> Any:
         """The profile's GPU target with this machine as its host: the same kernels, x86 host code."""

@@ -151,7 +151,7 @@ class OpenCLBackend(GpuBackend):
         return tvm.target.Target(dict(profile.target), host=host) if host else tvm.target.Target(dict(profile.target))
 
     def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
-        return gpu_tuning_passes(target)
+        return gpu_tuning_passes(target, self.max_storage_buffers)
 
 
 register(OpenCLBackend())

@@ -98,6 +98,10 @@ class VulkanBackend(GpuBackend):
     info_function = "edgepack.vulkan.runtime_info"
     driver_hint = ("Install a Vulkan driver; on Debian/Ubuntu the CPU one (lavapipe) is enough: "
                    "`apt-get install mesa-vulkan-drivers libvulkan1` (check with `vulkaninfo --summary`).")
+    # WebGPU's default maxStorageBuffersPerShaderStage, which wgpu-native guarantees on every adapter, as
+    # the profiles' thread and workgroup-memory limits are WebGPU's defaults (lavapipe allows 32, the
+    # Vulkan minimum is 4): a shader within it runs on any Vulkan GPU wgpu accepts
+    max_storage_buffers = 8
 
     def split_source(self, source: str) -> dict[str, str]:
         return split_shaders(source)
