@@ -260,6 +260,29 @@ def test_kernels_bind_at_most_webgpus_storage_buffers_per_stage(lavapipe, tmp_pa
     assert validate(build, "host-vulkan").passed
 
 
+def test_infinities_reach_the_shaders_as_bit_patterns(lavapipe, tmp_path):
+    """WGSL has no literal for an infinity (TVM wrote ``inff``, and wgpu refused the shader): a clamp to
+    +inf, a mask of -inf before a softmax and -inf as an output compute what ONNX Runtime does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("pinf", np.inf), ("ninf", -np.inf), ("zero", 0.0))]
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["keep"]),
+             helper.make_node("Where", ["keep", "x", "ninf"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+             helper.make_node("Min", ["x", "pinf"], ["clamped"])]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 33]) for n in ("masked", "probs", "clamped")]
+    graph = helper.make_graph(nodes, "inf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 33])],
+                              outputs, consts)
+    model = tmp_path / "inf.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    build = edgepack.compile(model, "vulkan-generic", tmp_path / "vk").output_dir
+    shaders = (build / "device" / "kernels.wgsl").read_text()
+    assert "inff" not in shaders and "bitcast<f32>(2139095040u)" in shaders  # +inf's bits
+    report = validate(build, "host-vulkan")
+    assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
+
+
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
         VULKAN.build(unscheduled_module(), _target())

@@ -377,9 +377,11 @@ class GpuBackend(Backend):
         try:
             with tvm.transform.PassContext(instruments=[_KernelSnapshot()]):
                 if system_lib:  # for static programs: host code + the kernels (devc.o) in TVM's system library
-                    executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline)
+                    executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
+                                             tir_pipeline=self.tir_pipeline())
                 else:
-                    executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline)
+                    executable = tvm.compile(imported.mod, target=target, relax_pipeline=pipeline,
+                                             tir_pipeline=self.tir_pipeline())
         except Exception as exc:
             _refuse_unscheduled(name, record, rules, exc)
             raise CompileError(

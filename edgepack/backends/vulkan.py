@@ -25,6 +25,7 @@ from typing import Any
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
+from edgepack.backends.wgsl_floats import tir_pipeline
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ImportedModel
@@ -116,6 +117,9 @@ class VulkanBackend(GpuBackend):
                 "key_extra": {"wgpu": file_sha256(wgpu.library)},
                 "beside": {WGPU_LIBRARY: wgpu.library},
                 "manifest_extra": {"wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION}}
+
+    def tir_pipeline(self) -> str:
+        return tir_pipeline()  # non-finite constants as bit patterns (``wgsl_floats.py``)
 
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
