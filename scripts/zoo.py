@@ -84,6 +84,9 @@ def one(name: str, profile: str, work: Path) -> dict:
     informative = any(r["result"] == "PASS" and r["informative"] for r in runs)
     row["result"] = "PASS" if passed and informative else "DEGENERATE" if passed else \
         next(r["result"] for r in runs if r["result"] != "PASS") if runs else "NO INPUTS"
+    errors = [r["error"] for r in runs if r["result"] == "ERROR"]
+    if errors:  # what the summary line prints of the row
+        row["error"] = errors[0]
     return row
 
 
