@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from edgepack.backends.relax_exprs import call_rewrite_pass
+
 logger = logging.getLogger("edgepack.schedules")
 
 
@@ -72,29 +74,17 @@ def split_wide_operators(limit: int):
     concat, stack = tvm.ir.Op.get("relax.concat"), tvm.ir.Op.get("relax.stack")
     width = max(2, limit - 1)
 
-    @relax.expr_functor.mutator
-    class _Rewriter(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not (call.op.same_as(concat) or call.op.same_as(stack)) or not isinstance(call.args[0], relax.Tuple):
-                return call
-            parts = list(call.args[0].fields)
-            if len(parts) <= width:
-                return call
-            axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
-            make = relax.op.stack if call.op.same_as(stack) else relax.op.concat
-            parts = [self.builder_.emit(make(parts[k:k + width], axis)) for k in range(0, len(parts), width)]
-            while len(parts) > width:  # then concatenations: the stacks' new axis is there already
-                parts = [self.builder_.emit(relax.op.concat(parts[k:k + width], axis))
-                         for k in range(0, len(parts), width)]
-            return relax.op.concat(parts, axis)
+    def rewrite(call, builder):
+        if not (call.op.same_as(concat) or call.op.same_as(stack)) or not isinstance(call.args[0], relax.Tuple):
+            return None
+        parts = list(call.args[0].fields)
+        if len(parts) <= width:
+            return None
+        axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
+        make = relax.op.stack if call.op.same_as(stack) else relax.op.concat
+        parts = [builder.emit(make(parts[k:k + width], axis)) for k in range(0, len(parts), width)]
+        while len(parts) > width:  # then concatenations: the stacks' new axis is there already
+            parts = [builder.emit(relax.op.concat(parts[k:k + width], axis)) for k in range(0, len(parts), width)]
+        return relax.op.concat(parts, axis)
 
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackSplitWideOperators")
-    def _pass(mod, _ctx):
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
-
-    return _pass
+    return call_rewrite_pass("EdgepackSplitWideOperators", rewrite)

@@ -184,3 +184,28 @@ def live_vars(func) -> set:
                     live.add(v)
                     changed = True
     return live
+
+
+def call_rewrite_pass(name: str, rewrite):
+    """A Relax module pass named ``name`` that offers every call of every Relax function, its arguments
+    rewritten first, to ``rewrite(call, builder)``: the call's replacement (bindings it needs emitted
+    through ``builder``), or None to keep it."""
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class _Rewriter(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            replacement = rewrite(call, self.builder_)
+            return call if replacement is None else replacement
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pass(mod, _ctx):
+        rewriter = _Rewriter(mod)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
+        return rewriter.builder_.get()
+
+    return _pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from edgepack.backends.relax_exprs import call_rewrite_pass
 from edgepack.errors import first_line
 
 logger = logging.getLogger("edgepack.schedules")
@@ -26,30 +27,19 @@ def stack_as_concat():
 
     stack = tvm.ir.Op.get("relax.stack")
 
-    @relax.expr_functor.mutator
-    class _Rewriter(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(stack):
-                return call
-            items = call.args[0]
-            if isinstance(items, relax.Tuple):
-                fields = list(items.fields)
-            else:
-                fields = [relax.TupleGetItem(items, k) for k in range(len(items.ty.fields))]
-            axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
-            expanded = [self.builder_.emit(relax.op.expand_dims(field, axis)) for field in fields]
-            return relax.op.concat(expanded, axis)
+    def rewrite(call, builder):
+        if not call.op.same_as(stack):
+            return None
+        items = call.args[0]
+        if isinstance(items, relax.Tuple):
+            fields = list(items.fields)
+        else:
+            fields = [relax.TupleGetItem(items, k) for k in range(len(items.ty.fields))]
+        axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
+        expanded = [builder.emit(relax.op.expand_dims(field, axis)) for field in fields]
+        return relax.op.concat(expanded, axis)
 
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackStackAsConcat")
-    def _pass(mod, _ctx):
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
-
-    return _pass
+    return call_rewrite_pass("EdgepackStackAsConcat", rewrite)
 
 
 def channels_last():

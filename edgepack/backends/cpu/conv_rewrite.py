@@ -1,6 +1,6 @@
 """The Relax module pass the CPU pipeline's convolution and matrix-product rewrites share (``winograd.py``,
-``channels.py``): each ``relax.nn.conv2d`` (or ``relax.matmul``) whose weights are constants is offered to a rewrite, which replaces it or keeps
-it, and the pass logs how many convolutions each rewrite took."""
+``channels.py``): each ``relax.nn.conv2d`` (or ``relax.matmul``) whose weights are constants is offered to a
+rewrite, which replaces it or keeps it, and the pass logs how many calls each rewrite took."""
 
 from __future__ import annotations
 

@@ -11,31 +11,19 @@ Only softmax takes it: other ``exp``, ``tanh`` and ``erf`` keep the C library's 
 
 from __future__ import annotations
 
-from edgepack.backends.relax_exprs import dtype_of
+from edgepack.backends.relax_exprs import call_rewrite_pass, dtype_of
 
 
 def vector_softmax():
     """A Relax module pass: each float32 ``R.nn.softmax`` as ``topi.nn.fast_softmax``."""
     import tvm
-    from tvm import relax, topi
+    from tvm import topi
 
     softmax = tvm.ir.Op.get("relax.nn.softmax")
 
-    @relax.expr_functor.mutator
-    class _Rewriter(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(softmax) or dtype_of(call.args[0]) != "float32":
-                return call
-            return self.builder_.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis),
-                                         primfunc_name_hint="softmax")
+    def rewrite(call, builder):
+        if not call.op.same_as(softmax) or dtype_of(call.args[0]) != "float32":
+            return None
+        return builder.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis), primfunc_name_hint="softmax")
 
-    @tvm.transform.module_pass(opt_level=0, name="EdgepackVectorSoftmax")
-    def _pass(mod, _ctx):
-        rewriter = _Rewriter(mod)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
-
-    return _pass
+    return call_rewrite_pass("EdgepackVectorSoftmax", rewrite)

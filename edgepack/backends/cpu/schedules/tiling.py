@@ -402,10 +402,12 @@ def parallel_vectorize(sch, block, cpu: CpuInfo, *, odd_vectors: bool = True) ->
     bits = max(8, int(sch.get(block).writes[0].source.dtype.bits))
     period = index_period(sch, block)  # vectors stay inside what the indices divide the row into
     lanes = vector_lanes(gcd(innermost, period) if period else innermost, cpu.lanes(bits))
-    if scalar_only(sch, block) or (not odd_vectors and lanes & (lanes - 1)):  # the loop nest as it is (fused, LLVM contracted the index arithmetic
-        extents = [static_extent(sch, loop) or 1 for loop in loops]  # differently): its first loop of more
-        first = next((k for k, extent in enumerate(extents[:-1]) if extent > 1), None)  # than one trip runs
-        if first is not None and prod(extents) >= PARALLEL_MIN_ELEMENTS:  # in parallel
+    if scalar_only(sch, block) or (not odd_vectors and lanes & (lanes - 1)):
+        # the loop nest as it is (fused, LLVM contracted the index arithmetic differently; and LLVM's own
+        # vectorizer takes an odd-width row): its first loop of more than one trip runs in parallel
+        extents = [static_extent(sch, loop) or 1 for loop in loops]
+        first = next((k for k, extent in enumerate(extents[:-1]) if extent > 1), None)
+        if first is not None and prod(extents) >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(loops[first])
         return
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
