@@ -113,14 +113,16 @@ def bilinear_taps(src: int, dst: int):
 
 
 def _bilinear(plan: FramePlan):
-    """Bilinear resize reading the precomputed taps (``bilinear_taps``) of rows and columns."""
+    """Bilinear resize reading the precomputed taps (``bilinear_taps``) of rows and columns, packed in four
+    tables (indices and weights of the rows, of the columns: ``[2, n]`` each, low then high), so that the
+    kernel binds six buffers (a Vulkan shader may bind eight)."""
     from tvm import te
 
-    def compute(pixels, y_lo, y_hi, wy_lo, wy_hi, x_lo, x_hi, wx_lo, wx_hi):
+    def compute(pixels, y_at, y_weight, x_at, x_weight):
         def value(n, y, x, c):
             def row(r):
-                return wx_lo[x] * pixels[n, r, x_lo[x], c] + wx_hi[x] * pixels[n, r, x_hi[x], c]
-            return wy_lo[y] * row(y_lo[y]) + wy_hi[y] * row(y_hi[y])
+                return x_weight[0, x] * pixels[n, r, x_at[0, x], c] + x_weight[1, x] * pixels[n, r, x_at[1, x], c]
+            return y_weight[0, y] * row(y_at[0, y]) + y_weight[1, y] * row(y_at[1, y])
         return te.compute((1, plan.height, plan.width, plan.channels), value, name="resize_bilinear")
 
     return compute
@@ -157,7 +159,10 @@ def emit_frame(bb: Any, frame: Any, plan: FramePlan, *, word_reads: bool = False
     x = bb.emit_te(_pixels(plan, word_reads), source, primfunc_name_hint="frame_pixels",
                    primfunc_attrs={"op_pattern": INJECTIVE})
     if plan.resize == "bilinear":
-        taps = [*bilinear_taps(plan.frame_height, plan.height), *bilinear_taps(plan.frame_width, plan.width)]
+        taps = []
+        for src, dst in ((plan.frame_height, plan.height), (plan.frame_width, plan.width)):
+            lo, hi, w_lo, w_hi = bilinear_taps(src, dst)
+            taps += [np.stack([lo, hi]).astype(np.int32), np.stack([w_lo, w_hi]).astype(np.float32)]
         x = bb.emit_te(_bilinear(plan), x, *(relax.const(t) for t in taps), primfunc_name_hint="resize_bilinear",
                        primfunc_attrs={"op_pattern": INJECTIVE})
     elif plan.resize == "nearest":
