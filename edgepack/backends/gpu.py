@@ -418,8 +418,10 @@ class GpuBackend(Backend):
         """A CompileError naming the kernels that bind more storage buffers than ``max_storage_buffers``
         (one operator with that many operands: fused groups are kept within it)."""
         limit = self.max_storage_buffers
-        over = {k: sum(a == "handle" for a in info["args"]) for k, info in kernels.items()}
-        over = {k: n for k, n in over.items() if limit is not None and n > limit}
+        if limit is None:
+            return
+        bound = {k: sum(a == "handle" for a in info["args"]) for k, info in kernels.items()}
+        over = {k: n for k, n in bound.items() if n > limit}
         if over:
             worst = max(over, key=over.get)
             raise CompileError(

@@ -71,7 +71,7 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
-    integer = [integer_products(), conv_transpose_as_convolution(), vector_softmax()]
+    rewrites = [integer_products(), conv_transpose_as_convolution(), vector_softmax()]
     layout = [channels_last()] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
@@ -86,7 +86,7 @@ def prepare_passes(target, form: KernelForm) -> list:
         if p.info.name == "FuseTIR" and form.channels_last and form.fused_scale:
             legalize.append(fuse_channel_scale())
         legalize.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
-    return [*integer, *layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
+    return [*rewrites, *layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
 
 
 def weight_prepack_passes() -> list:

@@ -60,11 +60,7 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
         spatial = [loop for loop, kind in zip(loops, kinds) if kind == tirx.IterVar.DataPar]
         reduce = [loop for loop, kind in zip(loops, kinds) if kind != tirx.IterVar.DataPar]
         sch.reorder(*spatial, *reduce)
-        if spatial:
-            rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-            size = prod(static_extent(sch, loop) or 1 for loop in sch.get_loops(block))
-            if (static_extent(sch, rows) or 1) > 1 and size >= PARALLEL_MIN_ELEMENTS:
-                sch.parallel(rows)
+        _parallel_rows(sch, spatial, prod(static_extent(sch, loop) or 1 for loop in loops))
         return reduce
 
     simd = cpu.lanes(int(sch.get(block).writes[0].source.dtype.bits))
@@ -76,11 +72,7 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
         if partial is not None:
             *rows, chunks, lane = sch.get_loops(partial)  # rfactor put the lanes before the chunks
             sch.reorder(chunks, lane)
-            if rows:
-                count = prod(static_extent(sch, r) or 1 for r in rows)
-                fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-                if count > 1 and count * extent >= PARALLEL_MIN_ELEMENTS:
-                    sch.parallel(fused)
+            _parallel_rows(sch, rows, prod(static_extent(sch, r) or 1 for r in rows) * extent)
             if extent % simd == 0:
                 sch.vectorize(lane)
             else:
@@ -94,6 +86,16 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
     if lanes > 1 and extent > lanes:
         _, chunk = sch.split(innermost, [None, lanes])
         sch.unroll(chunk)
+
+
+def _parallel_rows(sch, rows: list, elements: int) -> None:
+    """``rows`` (a block's outer loops) fused into one loop, across the cores where there is more than one
+    row and the block covers at least ``PARALLEL_MIN_ELEMENTS``."""
+    if not rows:
+        return
+    fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if (static_extent(sch, fused) or 1) > 1 and elements >= PARALLEL_MIN_ELEMENTS:
+        sch.parallel(fused)
 
 
 def _partial_results(sch, block, innermost, simd: int):

@@ -400,9 +400,11 @@ def parallel_vectorize(sch, block, cpu: CpuInfo, *, odd_vectors: bool = True) ->
         return
     innermost = static_extent(sch, loops[-1]) or 1
     bits = max(8, int(sch.get(block).writes[0].source.dtype.bits))
-    period = index_period(sch, block)  # vectors stay inside what the indices divide the row into
-    lanes = vector_lanes(gcd(innermost, period) if period else innermost, cpu.lanes(bits))
-    if scalar_only(sch, block) or (not odd_vectors and lanes & (lanes - 1)):
+    scalar = scalar_only(sch, block)
+    if not scalar:
+        period = index_period(sch, block)  # vectors stay inside what the indices divide the row into
+        lanes = vector_lanes(gcd(innermost, period) if period else innermost, cpu.lanes(bits))
+    if scalar or (not odd_vectors and lanes & (lanes - 1)):
         # the loop nest as it is (fused, LLVM contracted the index arithmetic differently; and LLVM's own
         # vectorizer takes an odd-width row): its first loop of more than one trip runs in parallel
         extents = [static_extent(sch, loop) or 1 for loop in loops]
