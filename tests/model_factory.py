@@ -671,3 +671,51 @@ def onnx_conv_lstm_classifier(path: Path, *, seed: int = 0, classes: int = 1001)
                               [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 40, classes])],
                               layers.inits)
     return _save_opset17(graph, path)
+
+
+def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
+    """An 8-bit QDQ network (``dtype`` activations in and out, per-channel int8 weights, int32 biases) whose
+    convolutions take every form the dot-product kernels handle: 5 input channels (not a multiple of 4),
+    asymmetric padding, stride 2, dilation 2, a 1x1; activations with a zero point away from 0."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    elem = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
+    zero = -9 if dtype == "int8" else 121
+    nodes, inits = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def dequantize(name, x, scale, z):
+        nodes.append(helper.make_node("DequantizeLinear", [x, const(name + "_s", np.float32(scale)),
+                                                            const(name + "_z", np.array(z, dtype))], [name]))
+        return name
+
+    def quantize(name, x, scale, z):
+        nodes.append(helper.make_node("QuantizeLinear", [x, const(name + "_s", np.float32(scale)),
+                                                          const(name + "_z", np.array(z, dtype))], [name]))
+        return name
+
+    x, x_scale = "input", 0.05
+    channels = 5
+    layers = [(32, 3, [1, 0, 2, 1], 1, 1), (16, 3, [1, 1, 1, 1], 2, 1), (48, 3, [2, 2, 2, 2], 1, 2), (32, 1, [0] * 4, 1, 1)]
+    for i, (out, k, pads, stride, dilation) in enumerate(layers):
+        w = rng.integers(-127, 128, (out, channels, k, k)).astype(np.int8)
+        w_scale = (rng.uniform(0.5, 1.5, out) * 0.01).astype(np.float32)
+        nodes.append(helper.make_node("DequantizeLinear", [const(f"w{i}", w), const(f"w{i}_s", w_scale),
+                                                            const(f"w{i}_z", np.zeros(out, np.int8))], [f"wf{i}"], axis=0))
+        bias = rng.integers(-2000, 2000, out).astype(np.int32)
+        nodes.append(helper.make_node("DequantizeLinear", [const(f"b{i}", bias), const(f"b{i}_s", w_scale * np.float32(x_scale)),
+                                                            const(f"b{i}_z", np.zeros(out, np.int32))], [f"bf{i}"], axis=0))
+        xf = dequantize(f"xf{i}", x, x_scale, zero)
+        nodes.append(helper.make_node("Conv", [xf, f"wf{i}", f"bf{i}"], [f"y{i}"], kernel_shape=[k, k], pads=pads,
+                                      strides=[stride, stride], dilations=[dilation, dilation]))
+        x_scale = 0.05 * (i + 2)
+        x = quantize(f"q{i}" if i < len(layers) - 1 else "output", f"y{i}", x_scale, zero)
+        channels = out
+    graph = helper.make_graph(nodes, "qdq_convs", [helper.make_tensor_value_info("input", elem, [1, 5, 15, 13])],
+                              [helper.make_tensor_value_info("output", elem, [1, 32, 8, 6])], inits)
+    return _save_opset17(graph, path)

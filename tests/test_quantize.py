@@ -68,7 +68,8 @@ def test_quantize_cli_from_an_npz_with_json_and_a_float_operator(models, calibra
     assert "top-1 agreement" in text and "edgepack compile" in " ".join(text.split())
 
 
-@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi4", "emulator"), ("rpi3", "emulator")])
+@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
+                                        ("rpi3", "emulator")])
 @pytest.mark.slow
 def test_a_quantized_model_runs_on_integer_kernels_and_matches_onnxruntime(quantized, models, profile, on,
                                                                           tmp_path):
@@ -86,7 +87,8 @@ def test_a_quantized_model_runs_on_integer_kernels_and_matches_onnxruntime(quant
         assert size < 0.4 * float_size, (size, float_size)
 
 
-@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi4", "emulator"), ("rpi3", "emulator")])
+@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
+                                        ("rpi3", "emulator")])
 @pytest.mark.slow
 def test_a_tflite_int8_model_matches_litert(models, build_cache, profile, on):
     """MLPerf Tiny's ResNet-8: int8 in, int8 out, per-channel weights (it missed LiteRT by 15 steps: its
@@ -96,6 +98,63 @@ def test_a_tflite_int8_model_matches_litert(models, build_cache, profile, on):
     for report in (validate(build, on, seed=2), validate(build, on, inputs=model.natural)):
         assert report.passed and report.outputs[0].step == 1.0, report.to_dict()
         assert report.outputs[0].max_abs_error <= 1
+
+
+def _dot_product_kernels(build) -> int:
+    manifest = json.loads((build / "manifest.json").read_text())
+    return manifest["extra"]["cpu"]["schedules"].get("cpu.DotProductConv", 0)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator")])
+def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, profile, on, tmp_path):
+    """5 input channels (padded to 8 for 4-byte groups), asymmetric padding, stride 2, dilation 2, 1x1;
+    activations with a zero point away from 0 (the padding's share subtracted), int8 (VNNI's unsigned
+    operand: +128) and uint8 (sdot's signed one: -128). rpi5 (Cortex-A76, emulated as one) runs sdot;
+    rpi4 (Cortex-A72, no dot product, emulated as one: an sdot there would not run) int32 sums."""
+    from model_factory import onnx_qdq_convs
+
+    from edgepack.backends.cpu.schedules.machine import CpuInfo
+    from edgepack.profiles import get_profile
+
+    build = compile_model(onnx_qdq_convs(tmp_path / "q.onnx", dtype=dtype), profile, tmp_path / "b").output_dir
+    cpu = CpuInfo.of(get_profile(profile).tvm_target())
+    assert _dot_product_kernels(build) == (4 if cpu.dot_product else 0), cpu
+    for seed in (0, 1):
+        report = validate(build, on, seed=seed)
+        (out,) = report.outputs
+        assert report.passed and out.step is not None and out.max_abs_error <= out.step * 1.0001, report.to_dict()
+
+
+def _instructions(library, objdump: str) -> dict[str, int]:
+    """Mnemonics in ``library``'s code, counted. (Its kernels' parallel bodies have no symbols of their
+    own, so the count is the library's; only the dot-product kernels emit these instructions.)"""
+    import subprocess
+    from collections import Counter
+
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(library)], check=True, capture_output=True,
+                          text=True).stdout
+    return dict(Counter(line.split("\t")[1].split()[0] for line in text.splitlines()
+                        if line.startswith(" ") and line.count("\t") >= 1 and len(line.split("\t")) > 1
+                        and line.split("\t")[1].strip()))
+
+
+def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, build_cache):
+    """The rpi5 build (Cortex-A76: +dotprod) computes ResNet-8's convolutions with sdot; the rpi4 build
+    (Cortex-A72) has none; the host build uses AVX-512 VNNI where this CPU has it."""
+    import shutil
+
+    from edgepack.backends.cpu.schedules.machine import CpuInfo
+    from edgepack.profiles import get_profile
+
+    model = models["resnet8_int8"]
+    rpi5 = _instructions(build_cache(model, "rpi5") / "device" / "model.so", "aarch64-linux-gnu-objdump")
+    assert rpi5.get("sdot", 0) >= 100, rpi5
+    rpi4 = _instructions(build_cache(model, "rpi4") / "device" / "model.so", "aarch64-linux-gnu-objdump")
+    assert rpi4.get("sdot", 0) == 0 and rpi4.get("mul", 0) + rpi4.get("mla", 0) > 0, rpi4
+    if CpuInfo.of(get_profile("host").tvm_target()).dot_product == "vnni" and shutil.which("objdump"):
+        host = _instructions(build_cache(model, "host") / "device" / "model.so", "objdump")
+        assert host.get("vpdpbusd", 0) >= 50, host
 
 
 def test_a_mutated_quantized_build_fails(quantized, tmp_path):

@@ -126,7 +126,11 @@ def integer_products():
         scaled = relax.op.multiply(relax.op.astype(total, "float32"),
                                    relax.const((scale / np.float32(scale_out)).astype(np.float32).reshape(shape)))
         shifted = relax.op.add(relax.op.round(scaled), relax.const(np.float32(zero_out)))
-        return relax.op.astype(relax.op.clip(shifted, float(info.min), float(info.max)), out_dtype)
+        # saturated as a minimum and a maximum, not ``clip``: those have a layout rule, so that
+        # ``channels_last`` moves the whole requantization into NHWC (a clip kept a transpose on each side)
+        saturated = relax.op.maximum(relax.op.minimum(shifted, relax.const(np.float32(info.max))),
+                                     relax.const(np.float32(info.min)))
+        return relax.op.astype(saturated, out_dtype)
 
     pooled_int = wildcard()
     widened = is_op("relax.astype")(pooled_int)

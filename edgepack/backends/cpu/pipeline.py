@@ -22,6 +22,7 @@ from typing import Any
 from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_matmul_columns, pad_output_channels
 from edgepack.backends.cpu.channels_last import channels_last
+from edgepack.backends.cpu.dot_product import dot_product_convolutions
 from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
@@ -72,7 +73,7 @@ def prepare_passes(target, form: KernelForm) -> list:
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
     rewrites = [integer_products(), conv_transpose_as_convolution(), vector_softmax()]
-    layout = [channels_last()] if form.channels_last else []
+    layout = [channels_last(), dot_product_convolutions(CpuInfo.of(target))] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
     if form.channels_last and form.padded_channels:

@@ -10,6 +10,7 @@ loop nest and is named in the build's schedule report (``edgepack compile`` prin
 from __future__ import annotations
 
 from edgepack.backends.cpu.schedules.conv import Conv2D
+from edgepack.backends.cpu.schedules.dot_product import DotProductConv
 from edgepack.backends.cpu.schedules.fused import DepthwisePointwise
 from edgepack.backends.cpu.schedules.injective import Injective
 from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -22,13 +23,14 @@ from edgepack.backends.cpu.schedules.winograd import WinogradInput, WinogradOutp
 
 def default_rules() -> list[CpuRule]:
     """The rules in the order they are tried."""
-    return [Conv2D(), DepthwisePointwise(), Matmul(), Pool(), Reduction(), WinogradInput(), WinogradOutput(), Injective()]
+    return [DotProductConv(), Conv2D(), DepthwisePointwise(), Matmul(), Pool(), Reduction(), WinogradInput(), WinogradOutput(), Injective()]
 
 
 __all__ = [
     "Conv2D",
     "CpuInfo",
     "CpuRule",
+    "DotProductConv",
     "DepthwisePointwise",
     "Injective",
     "Matmul",

@@ -16,6 +16,8 @@ class CpuInfo:
     arch: str  # "x86_64", "aarch64", "arm"
     vector_bits: int  # 128 (SSE, NEON), 256 (AVX2), 512 (AVX-512)
     vector_registers: int  # architectural SIMD registers: 16 or 32
+    #: 8-bit dot-product instruction: "vnni" (AVX-512 VNNI), "sdot" (aarch64 +dotprod), None
+    dot_product: str | None = None
 
     @classmethod
     def of(cls, target: Any) -> CpuInfo:
@@ -24,11 +26,12 @@ class CpuInfo:
         features = {str(f) for f in codegen.llvm_get_cpu_features(target)}
         triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
         if triple.startswith(("aarch64", "arm64")):
-            return cls("aarch64", 128, 32)
+            return cls("aarch64", 128, 32, "sdot" if "dotprod" in features else None)
         if triple.startswith(("arm", "thumb")):
             return cls("arm", 128 if "neon" in features else 32, 16)
         bits = 512 if "avx512f" in features else 256 if "avx" in features else 128
-        return cls("x86_64", bits, 32 if bits == 512 else 16)
+        vnni = "vnni" if bits == 512 and "avx512vnni" in features else None
+        return cls("x86_64", bits, 32 if bits == 512 else 16, vnni)
 
     def lanes(self, dtype_bits: int) -> int:
         """Elements of ``dtype_bits`` in one vector register."""

@@ -1,0 +1,169 @@
+"""8-bit convolutions on dot-product instructions (``cpu/dot_product.py`` makes the kernel)::
+
+    parallel for (rows, column tiles, output-channel tiles)
+        u[tile] = x_q[...] + shift, padded                      # this tile's window of the input, 8-bit
+        acc[R, M, L] = 0                                        # R pixels x M vectors of L int32 lanes
+        for kh, kw, c/4:
+            for r in R, m in M (unrolled): acc[r, m, :] = dot(acc[r, m, :], u[r, c:c+4], w[m, :, :])
+        Y[tile] = epilogue(acc)                                 # requantization, activation: vectorized
+
+Each ``dot`` is one instruction (``tensorize``): 4 input channels of one pixel broadcast against the
+L x 4 packed weights of L output channels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from edgepack.backends.cpu.schedules.anatomy import child_blocks, static_extent
+from edgepack.backends.cpu.schedules.machine import CpuInfo
+from edgepack.backends.cpu.schedules.rule import CpuRule
+from edgepack.backends.cpu.schedules.tiling import (
+    PARALLEL_MIN_MULTIPLY_ADDS,
+    inline_epilogue,
+    power_of_two_divisor,
+    schedule_leftovers,
+    store_vectors,
+)
+
+MAX_PIXELS = 8  # pixels side by side in a tile: 4 and 8 ran alike on ResNet-8's 3x3 convolutions
+MAX_VECTORS = 4  # output-channel vectors per tile
+
+
+#: The block annotation that marks the dot-product reduction for ``schedules/dot_product.py``: its value
+#: is the name of the tensor intrinsic that computes one L x 4 block.
+DOT_PRODUCT_ATTR = "edgepack.dot_product"
+
+
+@dataclass(frozen=True)
+class DotProduct:
+    """One dot-product instruction as a tensor intrinsic: ``lanes`` int32 outputs, each the sum of 4
+    products of ``data_dtype`` input and int8 weights."""
+
+    name: str  # the TensorIntrin's registered name
+    lanes: int
+    data_dtype: str  # "uint8" (VNNI) or "int8" (sdot)
+
+
+VNNI = DotProduct("edgepack_vnni_16x4_u8i8i32", 16, "uint8")
+SDOT = DotProduct("edgepack_sdot_4x4_i8i8i32", 4, "int8")
+INSTRUCTIONS = {"vnni": VNNI, "sdot": SDOT}
+
+
+def dot_product_of(cpu: CpuInfo) -> DotProduct | None:
+    """The target's dot-product instruction, registered as a tensor intrinsic, or None."""
+    found = INSTRUCTIONS.get(cpu.dot_product or "")
+    if found is not None:
+        _register(found)
+    return found
+
+
+_REGISTERED: set[str] = set()
+
+
+def _register(dot: DotProduct) -> None:
+    if dot.name in _REGISTERED:
+        return
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    lanes, dtype = dot.lanes, dot.data_dtype
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), dtype, offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+
+    # LLVM 22's intrinsics take the 8-bit operands as byte vectors (TVM's own VNNI intrinsic passes
+    # them as int32x16 and fails LLVM's verifier)
+    intrinsic = ("llvm.x86.avx512.vpdpbusd.512" if dot is VNNI else "llvm.aarch64.neon.sdot.v4i32.v16i8")
+    data_vector, weight_vector, acc_vector = f"{dtype}x{4 * lanes}", f"int8x{4 * lanes}", f"int32x{lanes}"
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), dtype, offset_factor=1)
+        B = T.match_buffer(b, (lanes, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            four = T.reinterpret(A.vload([0], f"{dtype}x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(intrinsic),
+                C.vload([0], dtype=acc_vector),
+                T.reinterpret(T.broadcast(four, lanes), dtype=data_vector),
+                B.vload([0, 0], dtype=weight_vector),
+                dtype=acc_vector,
+            )
+
+    TensorIntrin.register(dot.name, desc, impl, override=True)
+    _REGISTERED.add(dot.name)
+
+
+class DotProductConv(CpuRule):
+    """The kernel of ``cpu/dot_product.py``: tiled over pixels and output channels, its inner L x 4
+    block one dot-product instruction."""
+
+    rule_name = "cpu.DotProductConv"
+
+    def schedule(self, sch, cpu: CpuInfo) -> bool:
+        block = next((b for b in child_blocks(sch) if DOT_PRODUCT_ATTR in sch.get(b).annotations), None)
+        if block is None:
+            return False
+        name = str(sch.get(block).annotations[DOT_PRODUCT_ATTR])
+        dot = next((d for d in INSTRUCTIONS.values() if d.name == name), None)
+        if dot is None:
+            return False
+        _register(dot)
+        intrin, lanes = dot.name, dot.lanes
+        n, y, x, o, ky, kx, kb, kc = sch.get_loops(block)
+        channels = static_extent(sch, o)
+        width = static_extent(sch, x)
+        vectors = power_of_two_divisor(channels // lanes, MAX_VECTORS)
+        budget = max(1, cpu.accumulators // vectors)
+        pixels = max(d for d in range(1, min(width, MAX_PIXELS, budget) + 1) if width % d == 0)
+        x_outer, x_inner = sch.split(x, [None, pixels])
+        o_outer, o_lanes = sch.split(o, [None, lanes])
+        o_tiles, o_vectors = sch.split(o_outer, [None, vectors])
+        sch.reorder(n, y, x_outer, o_tiles, ky, kx, kb, x_inner, o_vectors, o_lanes, kc)
+        fused = sch.fuse(n, y, x_outer, o_tiles)
+        multiply_adds = prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)
+        if (static_extent(sch, fused) or 1) > 1 and multiply_adds >= PARALLEL_MIN_MULTIPLY_ADDS:
+            sch.parallel(fused)
+
+        write_back = sch.cache_write(block, 0, "global")  # a small array on the stack: registers
+        inline_epilogue(sch, write_back)
+        sch.reverse_compute_at(write_back, fused)
+        pad = next(b for b in sch.get_producers(block) if sch.get(b).name_hint.startswith("dot_pad"))
+        sch.compute_at(pad, fused)
+        pad_loops = sch.get_loops(pad)[1:]
+        padded_channels = static_extent(sch, pad_loops[-1]) or 1
+        vector = power_of_two_divisor(padded_channels, cpu.lanes(8))
+        if vector > 1:
+            sch.vectorize(sch.split(pad_loops[-1], [None, vector])[1])
+        for loop in pad_loops[:-1]:
+            sch.unroll(loop)
+
+        init = sch.decompose_reduction(block, ky)
+        sch.tensorize(o_lanes, intrin)
+        sch.unroll(x_inner)
+        sch.unroll(o_vectors)
+        init_loops = sch.get_loops(init)
+        sch.vectorize(init_loops[-1])
+        for loop in init_loops[-3:-1]:
+            sch.unroll(loop)
+        tile_loops = sch.get_loops(write_back)[1:]
+        if tile_loops:
+            store_vectors(sch, sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0], lanes)
+        schedule_leftovers(sch, fused, cpu)
+        return True
+
