@@ -74,6 +74,24 @@ def _refuse(problem: str, fix: str) -> EdgepackError:
     return EdgepackError(problem, fix)
 
 
+def _at_least_opset(path: Path, opset: int) -> None:
+    """Convert the ONNX model at ``path`` in place to ``opset`` where its own is older: ONNX Runtime's
+    quantizer writes per-channel DequantizeLinear nodes (an ``axis``: opset 13) into models of any opset,
+    and the result of an older one does not load."""
+    import onnx
+    from onnx import version_converter
+
+    proto = onnx.load(str(path))
+    current = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset)
+    if current < opset:
+        converted = version_converter.convert_version(proto, opset)
+        converted.ir_version = max(converted.ir_version, 7)  # IR 3 also listed every weight among the inputs
+        constants = {init.name for init in converted.graph.initializer}
+        for listed in [i for i in converted.graph.input if i.name in constants]:
+            converted.graph.input.remove(listed)
+        onnx.save(converted, str(path))
+
+
 def _check_model(model: Path):
     info = inspect_model(model)
     if info.format != "onnx":
@@ -86,6 +104,9 @@ def _check_model(model: Path):
         raise _refuse(f"{model.name} is quantized already (it has {', '.join(already)}).",
                       f"Compile it as it is (edgepack compile {model.name}), or quantize its float original.")
     return info
+
+
+MIN_OPSET = 13  # per-channel quantization's DequantizeLinear(axis)
 
 
 def _npz_samples(path: Path, inputs: tuple[TensorSpec, ...]) -> list[dict[str, np.ndarray]]:
@@ -218,6 +239,7 @@ def quantize(model: Path | str, output: Path | str, *, calibration: Path | str, 
         say(f"Quantizing {model.name} ({method}, {len(calibrate)} calibration sample(s))")
         try:
             quant_pre_process(str(model), str(prepared), skip_symbolic_shape=True)
+            _at_least_opset(prepared, MIN_OPSET)
             quantize_static(
                 str(prepared), str(result), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,

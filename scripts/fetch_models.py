@@ -135,6 +135,9 @@ ZOO = (
              random_inputs=False),
 )
 LIGHT_MODELS = ("light_resnet50", "light_squeezenet", "light_shufflenet")  # constant weights: speed only
+# 8-bit QDQ models made here by `edgepack quantize` (ONNX Runtime's quantizer) from a float model of the zoo:
+# {name: (float model, the float model's natural input)}; calibrated on that input shifted and flipped
+QUANTIZED_MODELS = {"mobilenetv2_int8": "mobilenetv2", "light_resnet50_int8": "light_resnet50"}
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,57 @@ def ensure_models(cache: Path | None = None) -> dict[str, TestModel]:
             if entry.natural else None
         models[entry.name] = TestModel(entry.name, path, dict(entry.input_shapes), entry.family, natural,
                                        random_inputs=entry.random_inputs, atol=entry.atol)
+    for name, source in QUANTIZED_MODELS.items():
+        models[name] = _quantized_model(name, models[source], models["mobilenetv2"].natural, out)
     return models
+
+
+def _constants_folded(model: Path, out: Path) -> Path:
+    """``model`` with its constant subgraphs folded by ONNX Runtime (light_resnet50 makes its weights with
+    ConstantOfShape, which the quantizer cannot calibrate) and graph inputs no node reads dropped."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(out)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    folded = onnx.load(str(out))
+    read = {name for node in folded.graph.node for name in node.input}
+    constants = {init.name for init in folded.graph.initializer}
+    for unread in [i for i in folded.graph.input if i.name not in read or i.name in constants]:
+        folded.graph.input.remove(unread)
+    folded.ir_version = max(folded.ir_version, 7)  # ORT's folding adds weights IR 3 would list as inputs
+    onnx.save(folded, str(out))
+    return out
+
+
+def _quantized_model(name: str, source: TestModel, photo: Path, out: Path) -> TestModel:
+    """``source`` quantized to 8 bits (QDQ, per-channel weights, percentile ranges), calibrated on a real
+    photo (MobileNetV2's natural input: both take 1x3x224x224) shifted and flipped into 8 samples."""
+    import numpy as np
+
+    import edgepack
+
+    path = out / f"{name}.onnx"
+    if not path.exists():
+        import onnx
+
+        folded = _constants_folded(source.path, out / f".{name}.folded.onnx")
+        with np.load(photo) as natural:
+            (key,) = natural.files
+            image = natural[key]
+        samples = np.stack([np.roll(image[..., ::(-1) ** k], 20 * k, axis=-1) for k in range(8)])
+        calibration = out / f".{name}.calibration.npz"
+        np.savez(calibration, **{onnx.load(str(folded)).graph.input[0].name: samples})
+        tmp = path.with_name(f".{name}.tmp.onnx")
+        edgepack.quantize(folded, tmp, calibration=calibration, method="percentile", held_out=0.25, force=True)
+        tmp.replace(path)
+        calibration.unlink()
+        folded.unlink()
+    natural = photo if source.natural is not None else None
+    return TestModel(name, path, family=f"8-bit QDQ of {source.name}", natural=natural, real_weights=source.real_weights)
 
 
 def main() -> None:

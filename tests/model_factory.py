@@ -676,6 +676,7 @@ def onnx_conv_lstm_classifier(path: Path, *, seed: int = 0, classes: int = 1001)
 def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
     """An 8-bit QDQ network (``dtype`` activations in and out, per-channel int8 weights, int32 biases) whose
     convolutions take every form the dot-product kernels handle: 5 input channels (not a multiple of 4),
+    output channels that make no whole vector (24, 20),
     asymmetric padding, stride 2, dilation 2, a 1x1; activations with a zero point away from 0."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
@@ -701,7 +702,7 @@ def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
 
     x, x_scale = "input", 0.05
     channels = 5
-    layers = [(32, 3, [1, 0, 2, 1], 1, 1), (16, 3, [1, 1, 1, 1], 2, 1), (48, 3, [2, 2, 2, 2], 1, 2), (32, 1, [0] * 4, 1, 1)]
+    layers = [(32, 3, [1, 0, 2, 1], 1, 1), (24, 3, [1, 1, 1, 1], 2, 1), (48, 3, [2, 2, 2, 2], 1, 2), (20, 1, [0] * 4, 1, 1)]
     for i, (out, k, pads, stride, dilation) in enumerate(layers):
         w = rng.integers(-127, 128, (out, channels, k, k)).astype(np.int8)
         w_scale = (rng.uniform(0.5, 1.5, out) * 0.01).astype(np.float32)
@@ -717,5 +718,5 @@ def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
         x = quantize(f"q{i}" if i < len(layers) - 1 else "output", f"y{i}", x_scale, zero)
         channels = out
     graph = helper.make_graph(nodes, "qdq_convs", [helper.make_tensor_value_info("input", elem, [1, 5, 15, 13])],
-                              [helper.make_tensor_value_info("output", elem, [1, 32, 8, 6])], inits)
+                              [helper.make_tensor_value_info("output", elem, [1, 20, 8, 6])], inits)
     return _save_opset17(graph, path)

@@ -65,10 +65,13 @@ def test_cpu_info_reads_the_target_not_this_machine():
     def info(spec):
         return CpuInfo.of(tvm.target.Target(spec))
 
-    assert info({"kind": "llvm", "mcpu": "znver4"}) == CpuInfo("x86_64", 512, 32)
+    assert info({"kind": "llvm", "mcpu": "znver4"}) == CpuInfo("x86_64", 512, 32, "vnni")
+    assert info({"kind": "llvm", "mcpu": "skylake-avx512"}) == CpuInfo("x86_64", 512, 32)  # AVX-512 without VNNI
     assert info({"kind": "llvm", "mcpu": "haswell"}) == CpuInfo("x86_64", 256, 16)
     assert info({"kind": "llvm"}).vector_bits == 128  # no mcpu: LLVM emits SSE2 only
     assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}) == CpuInfo("aarch64", 128, 32)
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"}).dot_product == "sdot"
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}).dot_product is None
     rpi3 = {"kind": "llvm", "mtriple": "armv7a-unknown-linux-gnueabihf", "mcpu": "cortex-a53",
             "mattr": ["+neon", "+vfp4", "+thumb2"], "mfloat-abi": "hard"}
     assert info(rpi3) == CpuInfo("arm", 128, 16)

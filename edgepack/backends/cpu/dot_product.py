@@ -82,7 +82,7 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value: int
         name="dot_conv", attrs={DOT_PRODUCT_ATTR: dot.name})
 
 
-def _integer_input(expr, builder):
+def integer_input(expr, builder):
     """``(x_q, z)`` where ``expr`` is ``int32(x_q) - z`` or ``int32(x_q)`` of an 8-bit ``x_q`` (through
     the builder's bindings), else None. A transpose on top (the model's NCHW input made NHWC) is moved
     onto the 8-bit tensor, emitted through ``builder``: a quarter of the bytes to move."""
@@ -129,9 +129,11 @@ def dot_product_convolutions(cpu: CpuInfo):
         a = call.attrs
         if dot is None or str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI" \
                 or str(a.out_layout) not in ("", "NHWC") or int(a.groups) != 1 or str(a.out_dtype) != "int32" \
-                or weight.dtype != np.int8 or weight.shape[0] % dot.lanes or static_shape(call) is None:
+                or weight.dtype != np.int8 or static_shape(call) is None:
             return None
-        found = _integer_input(call.args[0], bb)
+        out_channels = int(weight.shape[0])
+        channels = -(-out_channels // dot.lanes) * dot.lanes  # a few more at 4x the speed: 24 as 32
+        found = integer_input(call.args[0], bb)
         if found is None:
             return None
         data, zero = found
@@ -142,18 +144,30 @@ def dot_product_convolutions(cpu: CpuInfo):
         info = np.iinfo(dot.data_dtype)
         if not info.min <= pad_value <= info.max:
             return None
+        if channels != out_channels:  # computed in whole vectors, the rest cropped (``channels.py``)
+            weight = np.concatenate([weight, np.zeros((channels - weight.shape[0], *weight.shape[1:]), np.int8)])
         packed = packed_weights(weight)
-        compensation = (pad_value * weight.astype(np.int64).sum(axis=(1, 2, 3))).astype(np.int32)
+        compensation = pad_value * weight.astype(np.int64).sum(axis=(1, 2, 3))
         settings = {"strides": [int(v) for v in a.strides], "padding": [int(v) for v in a.padding],
                     "dilation": [int(v) for v in a.dilation], "pad_value": pad_value, "shift": shift, "dot": dot}
-        call_tir = bb.call_te(lambda x, w: dot_convolution(x, w, **settings), data, relax.const(packed),
-                              primfunc_name_hint="dot_conv2d")
-        # a convolution to FuseOps: what follows elementwise (the requantization) joins its kernel
-        gvar = call_tir.args[0]
-        bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", OUT_ELEMWISE_FUSABLE))
-        what = f"on {dot.name.split('_')[1]} dot products"
-        if not compensation.any():  # the call itself: an alias binding would keep FuseOps from fusing it
-            return call_tir, what
-        return relax.op.subtract(bb.emit(call_tir), relax.const(compensation)), what
+        acc = fusable_call(bb, lambda x, w: dot_convolution(x, w, **settings), [data, relax.const(packed)],
+                           "dot_conv2d", compensation)
+        if channels != out_channels:
+            acc = relax.op.strided_slice(bb.emit(acc), axes=[3], begin=[0], end=[out_channels])
+        return acc, f"on {dot.name.split('_')[1]} dot products"
 
+    return conv2d_rewrite_pass("EdgepackDotProductConvolutions", rewrite)
+
+
+def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):
+    """``te_func`` on ``args`` as a kernel FuseOps treats as a convolution (what follows elementwise, the
+    requantization, joins it), less ``compensation`` per output channel where that is not all zeros."""
+    from tvm import relax
+
+    call_tir = bb.call_te(te_func, *args, primfunc_name_hint=name)
+    gvar = call_tir.args[0]
+    bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", OUT_ELEMWISE_FUSABLE))
+    if not compensation.any():  # the call itself: an alias binding would keep FuseOps from fusing it
+        return call_tir
+    return relax.op.subtract(bb.emit(call_tir), relax.const(compensation.astype(np.int32)))
     return conv2d_rewrite_pass("EdgepackDotProductConvolutions", rewrite)

@@ -7,7 +7,8 @@ iteration, and LLVM then keeps the accumulators in memory, not in registers. On 
 PP-OCR's 24x96 pointwise 8 -> 8 convolution ran in 6.9 us with its loop parallel, 3.2 us with its
 tile on the stack (one thread either way). So CPU builds lower every buffer of a known size up to
 ``STACK_LIMIT_BYTES`` to a stack slot (the runtime's and a phone's worker threads have at least
-512 KiB of stack), through TVM's own opt-out of the workspace call (``disable_lower_builtin``).
+512 KiB of stack), through TVM's own opt-out of the workspace call (``disable_lower_builtin``). The
+pipeline also rounds half to even with an instruction LLVM vectorizes (``round_even.py``).
 
 ``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass added before
 ``LowerTVMBuiltin`` and returns its name (candidates built for tuning use it too, so that records and
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import functools
 from math import prod
+
+from edgepack.backends.cpu.round_even import round_even
 
 TIR_PIPELINE = "edgepack-cpu"
 STACK_LIMIT_BYTES = 16 * 1024
@@ -60,7 +63,9 @@ def _pipeline():
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return lower, lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device
+    # rounding rewritten before TVM's vectorizer, which writes a vector ``nearbyint`` lane by lane
+    return (tvm.transform.Sequential([round_even(), lower]),
+            lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device)
 
 
 @functools.cache

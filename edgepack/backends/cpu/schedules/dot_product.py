@@ -21,10 +21,13 @@ from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
 from edgepack.backends.cpu.schedules.tiling import (
     PARALLEL_MIN_MULTIPLY_ADDS,
+    crops,
     inline_epilogue,
+    output_shape,
     power_of_two_divisor,
     schedule_leftovers,
     store_vectors,
+    vector_lanes,
 )
 
 MAX_PIXELS = 8  # pixels side by side in a tile: 4 and 8 ran alike on ResNet-8's 3x3 convolutions
@@ -142,6 +145,12 @@ class DotProductConv(CpuRule):
 
         write_back = sch.cache_write(block, 0, "global")  # a small array on the stack: registers
         inline_epilogue(sch, write_back)
+        consumers = sch.get_consumers(write_back)
+        cropped = len(consumers) == 1 and crops(output_shape(sch, write_back), output_shape(sch, consumers[0]))
+        if cropped:  # output channels padded to whole vectors: the crop stores what it keeps from the tile
+            write_back = consumers[0]
+            sch.compute_inline(sch.get_producers(write_back)[0])
+            inline_epilogue(sch, write_back)
         sch.reverse_compute_at(write_back, fused)
         pad = next(b for b in sch.get_producers(block) if sch.get(b).name_hint.startswith("dot_pad"))
         sch.compute_at(pad, fused)
@@ -162,7 +171,10 @@ class DotProductConv(CpuRule):
         for loop in init_loops[-3:-1]:
             sch.unroll(loop)
         tile_loops = sch.get_loops(write_back)[1:]
-        if tile_loops:
+        if tile_loops and cropped:  # rows of the kept channels, in vectors that divide them
+            store_vectors(sch, tile_loops[-1], vector_lanes(static_extent(sch, tile_loops[-1]) or 1, lanes),
+                          tile_loops[:-1])
+        elif tile_loops:
             store_vectors(sch, sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0], lanes)
         schedule_leftovers(sch, fused, cpu)
         return True

@@ -207,7 +207,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     write_back = sch.cache_write(block, 0, "local")
     inline_epilogue(sch, write_back)
     consumers = sch.get_consumers(write_back)
-    cropped = len(consumers) == 1 and _crops(_output_shape(sch, write_back), _output_shape(sch, consumers[0]))
+    cropped = len(consumers) == 1 and crops(output_shape(sch, write_back), output_shape(sch, consumers[0]))
     if cropped:
         # a crop (output channels padded to whole vectors, ``cpu/channels.py``): it stores what it keeps
         # of the tile straight from the accumulators, the epilogue after it fused in
@@ -307,7 +307,7 @@ def inline_epilogue(sch, block) -> None:
                        if _elementwise_step(sch, c, block)):  # one block reads the output
                 break
             continue
-        if _output_shape(sch, consumers[0]) != _output_shape(sch, block):
+        if output_shape(sch, consumers[0]) != output_shape(sch, block):
             break
         if not _folds(sch.reverse_compute_inline, consumers[0]) and not (
                 _inline_other_operands(sch, consumers[0], block) and _folds(sch.reverse_compute_inline, consumers[0])):
@@ -318,7 +318,7 @@ def _elementwise_step(sch, candidate, block) -> bool:
     """``candidate`` is a step of an elementwise chain after ``block``: spatial, of its shape, and read
     by exactly one block (so that inlining it computes nothing twice)."""
     return is_spatial(sch, candidate) and stores_one_value(sch, candidate) \
-        and _output_shape(sch, candidate) == _output_shape(sch, block) and len(sch.get_consumers(candidate)) == 1
+        and output_shape(sch, candidate) == output_shape(sch, block) and len(sch.get_consumers(candidate)) == 1
 
 
 def _folds(primitive, block) -> bool:
@@ -339,12 +339,12 @@ def _inline_other_operands(sch, consumer, block) -> bool:
     return sum(_folds(sch.compute_inline, other) for other in others) > 0
 
 
-def _crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
+def crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
     """``kept`` is a part of ``shape`` (no larger along any axis, smaller along one)."""
     return len(kept) == len(shape) and kept != shape and all(k <= s for k, s in zip(kept, shape))
 
 
-def _output_shape(sch, block) -> tuple[int, ...]:
+def output_shape(sch, block) -> tuple[int, ...]:
     return tuple(int(x) for x in sch.get(block).writes[0].source.shape)
 
 
@@ -367,7 +367,7 @@ def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles:
             sch.compute_inline(pad)
             continue
         bits = max(8, int(sch.get(pad).writes[0].source.dtype.bits))
-        channels = _output_shape(sch, pad)[-1]
+        channels = output_shape(sch, pad)[-1]
         if channel_tiles > 1 and channels % cpu.lanes(bits) == 0:
             continue  # padded once: ``schedule_leftovers`` runs the pass in parallel, in vectors
         sch.compute_at(pad, tile_loop)

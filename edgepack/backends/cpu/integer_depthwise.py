@@ -1,0 +1,79 @@
+"""8-bit depthwise convolutions that read their 8-bit input.
+
+``integer.py`` leaves a depthwise convolution as ``conv2d(int32(x_q) - z, w_q, groups=C)``: the cast and
+the subtraction fuse into the kernel before it, which then writes its output as int32, four times the
+bytes of the 8-bit tensor, and the depthwise kernel reads them back (QDQ MobileNetV2's first one:
+112x112x32, 1.6 MB, 0.50 ms at one thread). This pass gives each such convolution (channels-last,
+constant weights, one output channel per input channel) a kernel that reads ``x_q`` itself:
+
+    acc[n, y, x, c] = sum_{kh, kw} int32(x_q padded with z)[...] * w_q[kh, kw, c] - z * sum_{kh, kw} w_q[kh, kw, c]
+
+exact, as the int32 form. The register tile of ``schedules/conv.py`` schedules it (a window, two
+operands), with the widening of the 8-bit input inside its loads; the requantization after it fuses
+into its store.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
+from edgepack.backends.cpu.dot_product import fusable_call, integer_input
+from edgepack.backends.relax_exprs import dtype_of, static_shape
+
+
+def depthwise_of_8_bits(data, weights, *, strides, padding, dilation, zero: int):
+    """The TE kernel: NHWC 8-bit ``data`` (padded with ``zero``) and ``[KH, KW, C]`` int8 ``weights``,
+    summed in int32."""
+    from tvm import te, tirx
+
+    n, h, w, c = (int(v) for v in data.shape)
+    kh_, kw_, _c = (int(v) for v in weights.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    top, left, bottom, right = padding
+    oh = (h + top + bottom - dh * (kh_ - 1) - 1) // sh + 1
+    ow = (w + left + right - dw * (kw_ - 1) - 1) // sw + 1
+    padded = te.compute(
+        (n, h + top + bottom, w + left + right, c),
+        lambda b, y, x, ch: tirx.if_then_else(
+            tirx.all(y >= top, y < h + top, x >= left, x < w + left), data[b, y - top, x - left, ch],
+            tirx.const(zero, data.dtype)),
+        name="pad")
+    ry = te.reduce_axis((0, kh_), "ry")
+    rx = te.reduce_axis((0, kw_), "rx")
+    return te.compute(
+        (n, oh, ow, c),
+        lambda b, y, x, ch: te.sum(
+            padded[b, y * sh + ry * dh, x * sw + rx * dw, ch].astype("int32") * weights[ry, rx, ch].astype("int32"),
+            axis=[ry, rx]),
+        name="depthwise_conv2d")
+
+
+def depthwise_of_8_bit_inputs():
+    """A Relax module pass: every exact 8-bit depthwise convolution (``integer.py``) in channels-last form
+    reads its 8-bit input (see the module docstring)."""
+
+    def rewrite(call, weight: np.ndarray, bb):
+        from tvm import relax
+
+        a = call.attrs
+        channels = int(weight.shape[0])
+        if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI" or str(a.out_layout) not in ("", "NHWC") \
+                or str(a.out_dtype) != "int32" or weight.dtype != np.int8 or weight.shape[3] != 1 \
+                or int(a.groups) != channels or static_shape(call) is None:
+            return None
+        found = integer_input(call.args[0], bb)
+        if found is None or static_shape(found[0])[3] != channels:
+            return None
+        data, zero = found
+        info = np.iinfo(dtype_of(data))
+        if not info.min <= zero <= info.max:
+            return None
+        taps = np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0))  # [KH, KW, C]
+        settings = {"strides": [int(v) for v in a.strides], "padding": [int(v) for v in a.padding],
+                    "dilation": [int(v) for v in a.dilation], "zero": zero}
+        compensation = zero * taps.astype(np.int64).sum(axis=(0, 1))
+        return (fusable_call(bb, lambda x, w: depthwise_of_8_bits(x, w, **settings), [data, relax.const(taps)],
+                             "depthwise_conv2d_8bit", compensation), "reading 8-bit input")
+
+    return conv2d_rewrite_pass("EdgepackDepthwiseOf8BitInputs", rewrite)
