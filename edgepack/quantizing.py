@@ -221,7 +221,13 @@ def quantize(model: Path | str, output: Path | str, *, calibration: Path | str, 
     calibrate, check = (samples[:-keep], samples[-keep:]) if keep else (samples, samples)
     note = "" if keep else "too few samples to hold some out: the cost is measured on the calibration samples"
 
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Reader(CalibrationDataReader):

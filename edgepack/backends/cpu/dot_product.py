@@ -170,4 +170,3 @@ def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):
     if not compensation.any():  # the call itself: an alias binding would keep FuseOps from fusing it
         return call_tir
     return relax.op.subtract(bb.emit(call_tir), relax.const(compensation.astype(np.int32)))
-    return conv2d_rewrite_pass("EdgepackDotProductConvolutions", rewrite)

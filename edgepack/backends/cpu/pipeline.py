@@ -22,12 +22,12 @@ from typing import Any
 from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_matmul_columns, pad_output_channels
 from edgepack.backends.cpu.channels_last import channels_last
-from edgepack.backends.cpu.dot_product import dot_product_convolutions
 from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
+from edgepack.backends.cpu.dot_product import dot_product_convolutions
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
-from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.integer import integer_products
+from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.softmax import vector_softmax
