@@ -720,3 +720,60 @@ def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
     graph = helper.make_graph(nodes, "qdq_convs", [helper.make_tensor_value_info("input", elem, [1, 5, 15, 13])],
                               [helper.make_tensor_value_info("output", elem, [1, 20, 8, 6])], inits)
     return _save_opset17(graph, path)
+
+
+def onnx_qlinear_contrib(path: Path, *, seed: int = 0) -> Path:
+    """ONNX Runtime's com.microsoft quantized operators in one uint8 network: QLinearSigmoid, QLinearLeakyRelu,
+    QLinearMul, QLinearAdd, QLinearConcat, QLinearAveragePool, QLinearGlobalAveragePool; and a float branch
+    through DynamicQuantizeMatMul and MatMulIntegerToFloat (the first quantizes its input at run time)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = []
+
+    def const(name, value):
+        if name not in {init.name for init in inits}:
+            inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    ms = "com.microsoft"
+    s, z = const("s_in", np.float32(0.04)), const("z_in", np.uint8(100))
+
+    def q(i):
+        return const(f"s{i}", np.float32(0.02 + 0.01 * i)), const(f"z{i}", np.uint8(90 + 7 * i))
+
+    nodes = [
+        helper.make_node("QLinearSigmoid", ["x", s, z, *q(1)], ["a"], domain=ms),
+        helper.make_node("QLinearLeakyRelu", ["x", s, z, *q(2)], ["b"], domain=ms, alpha=0.2),
+        helper.make_node("QLinearMul", ["a", *q(1), "b", *q(2), *q(3)], ["c"], domain=ms),
+        helper.make_node("QLinearAdd", ["c", *q(3), "x", s, z, *q(4)], ["d"], domain=ms),
+        helper.make_node("QLinearConcat", [*q(5), "d", *q(4), "a", *q(1)], ["e"], domain=ms, axis=1),
+        helper.make_node("QLinearAveragePool", ["e", *q(5), *q(6)], ["pooled"], domain=ms, kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1], strides=[2, 2], count_include_pad=0),
+        helper.make_node("QLinearGlobalAveragePool", ["pooled", *q(6), *q(7)], ["gap"], domain=ms),
+        helper.make_node("DynamicQuantizeMatMul", ["f", const("wb", rng.integers(-127, 128, (16, 8)).astype(np.int8)),
+                                                   const("wb_s", np.full(8, 0.01, np.float32)),
+                                                   const("wb_z", np.zeros(8, np.int8)),
+                                                   const("bias", rng.standard_normal(8).astype(np.float32))],
+                         ["g"], domain=ms),
+        helper.make_node("MatMulIntegerToFloat", ["x2", const("wc", rng.integers(-127, 128, (6, 5)).astype(np.int8)),
+                                                  s, const("wc_s", np.float32(0.03)), z],
+                         ["h"], domain=ms),
+    ]
+    graph = helper.make_graph(
+        nodes, "qlinear_contrib",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 6, 6]),
+         helper.make_tensor_value_info("f", TensorProto.FLOAT, [1, 4, 16]),
+         helper.make_tensor_value_info("x2", TensorProto.UINT8, [1, 3, 6])],
+        [helper.make_tensor_value_info("pooled", TensorProto.UINT8, [1, 16, 3, 3]),
+         helper.make_tensor_value_info("gap", TensorProto.UINT8, [1, 16, 1, 1]),
+         helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 4, 8]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 3, 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)],
+                              producer_name="edgepack.tests")
+    model.ir_version = 8
+    import onnx
+
+    onnx.save(model, str(path))
+    return path

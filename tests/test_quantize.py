@@ -157,6 +157,60 @@ def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, bui
         assert host.get("vpdpbusd", 0) >= 50, host
 
 
+@pytest.fixture(scope="module")
+def qoperator(models, tmp_path_factory):
+    """MobileNetV2 quantized by ONNX Runtime in its QOperator format (QLinearConv, com.microsoft QLinearAdd,
+    QLinearGlobalAveragePool and QGemm), calibrated on the real photo shifted and flipped."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    root = tmp_path_factory.mktemp("qoperator")
+    with np.load(models["mobilenetv2"].natural) as natural:
+        photo = natural["input"]
+    samples = iter([{"input": np.roll(photo[..., ::(-1) ** k], 20 * k, axis=-1)} for k in range(6)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            return next(samples, None)
+
+    quant_pre_process(str(models["mobilenetv2"].path), str(root / "pre.onnx"), skip_symbolic_shape=True)
+    quantize_static(str(root / "pre.onnx"), str(root / "qop.onnx"), Reader(), quant_format=QuantFormat.QOperator,
+                    per_channel=True, calibrate_method=CalibrationMethod.Percentile, activation_type=QuantType.QUInt8)
+    return root / "qop.onnx"
+
+
+@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator")])
+def test_a_qoperator_model_matches_onnxruntime(qoperator, models, profile, on, tmp_path):
+    """QLinearConv on the 8-bit kernels (dot products where the CPU has them), ONNX Runtime's contrib
+    operators as dequantize / operator / quantize: within one step of ONNX Runtime, here and emulated."""
+    import onnx
+
+    ops = {(n.domain, n.op_type) for n in onnx.load(str(qoperator)).graph.node}
+    assert {("", "QLinearConv"), ("com.microsoft", "QLinearAdd"), ("com.microsoft", "QGemm")} <= ops, ops
+    build = compile_model(qoperator, profile, tmp_path / "b").output_dir
+    for inputs in (models["mobilenetv2"].natural, None):
+        report = validate(build, on, inputs=inputs)
+        (logits,) = report.outputs
+        assert report.passed and logits.step is not None and logits.max_abs_error <= logits.step * 1.0001, \
+            report.to_dict()
+    if profile != "rpi4":
+        assert _dot_product_kernels(build) >= 20  # kernels of the same shape are one function
+
+
+@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi4", "emulator")])
+def test_onnxruntime_contrib_quantized_operators_match_onnxruntime(profile, on, tmp_path):
+    """QLinearSigmoid/LeakyRelu/Mul/Add/Concat/AveragePool/GlobalAveragePool (uint8) and DynamicQuantizeMatMul,
+    MatMulIntegerToFloat (float out): within one step, or float tolerance, of ONNX Runtime's kernels."""
+    from model_factory import onnx_qlinear_contrib
+
+    build = compile_model(onnx_qlinear_contrib(tmp_path / "q.onnx"), profile, tmp_path / "b").output_dir
+    for seed in (0, 1):
+        report = validate(build, on, seed=seed)
+        assert report.passed and [o.name for o in report.outputs] == ["pooled", "gap", "g", "h"], report.to_dict()
+        for out in report.outputs[:2]:
+            assert out.step is not None and out.max_abs_error <= out.step * 1.0001
+
+
 def test_a_mutated_quantized_build_fails(quantized, tmp_path):
     """Within one step, not within anything: a quantized build with a reduction loop one short fails."""
     from mutation import wrong_build

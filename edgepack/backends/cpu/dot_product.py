@@ -48,7 +48,7 @@ def packed_weights(weights_ohwi: np.ndarray) -> np.ndarray:
 def dot_convolution(data, weights, *, strides, padding, dilation, pad_value: int, shift: int, dot: DotProduct):
     """The TE kernel: NHWC 8-bit ``data`` (``shift`` added, as ``dot.data_dtype``; padded with
     ``pad_value``) convolved with ``weights`` packed by ``packed_weights``, summed in int32."""
-    from tvm import te, tirx
+    from tvm import te
 
     n, h, w, c = (int(v) for v in data.shape)
     kh_, kw_, blocks, o, _four = (int(v) for v in weights.shape)
@@ -57,18 +57,10 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value: int
     oh = (h + top + bottom - dh * (kh_ - 1) - 1) // sh + 1
     ow = (w + left + right - dw * (kw_ - 1) - 1) // sw + 1
 
-    def shifted(value):
-        return (value.astype("int32") + shift).astype(dot.data_dtype) if shift else value.astype(dot.data_dtype)
-
-    padded = te.compute(
-        (n, h + top + bottom, w + left + right, blocks * 4),
-        lambda b, y, x, ch: tirx.if_then_else(
-            tirx.all(y >= top, y < h + top, x >= left, x < w + left),
-            # channels past the input's read its last one: their weights are zero
-            shifted(data[b, tirx.max(tirx.min(y - top, h - 1), 0), tirx.max(tirx.min(x - left, w - 1), 0),
-                         tirx.min(ch, c - 1)]),
-            tirx.const(pad_value, dot.data_dtype)),
-        name="dot_pad")
+    if not any(padding) and c % 4 == 0 and not shift and data.dtype == dot.data_dtype:
+        padded = data  # already the operand: read in place
+    else:
+        padded = _padded(data, padding, blocks, pad_value, shift, dot)
     ry = te.reduce_axis((0, kh_), "ry")
     rx = te.reduce_axis((0, kw_), "rx")
     rb = te.reduce_axis((0, blocks), "rb")
@@ -126,9 +118,11 @@ def dot_product_convolutions(cpu: CpuInfo):
     def rewrite(call, weight: np.ndarray, bb):
         from tvm import relax
 
+        weight = as_int8(weight)
+
         a = call.attrs
         if dot is None or str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI" \
-                or str(a.out_layout) not in ("", "NHWC") or int(a.groups) != 1 or str(a.out_dtype) != "int32" \
+                or str(a.out_layout) not in ("", "NHWC") or int(a.groups) != 1 or dtype_of(call) != "int32" \
                 or weight.dtype != np.int8 or static_shape(call) is None:
             return None
         out_channels = int(weight.shape[0])
@@ -159,6 +153,14 @@ def dot_product_convolutions(cpu: CpuInfo):
     return conv2d_rewrite_pass("EdgepackDotProductConvolutions", rewrite)
 
 
+def as_int8(weight: np.ndarray) -> np.ndarray:
+    """Integer weights widened on import (ONNX's QLinearConv: int32) back in 8 bits where they fit."""
+    if weight.dtype.kind == "i" and weight.dtype != np.int8 and weight.size \
+            and -128 <= weight.min() and weight.max() <= 127:
+        return weight.astype(np.int8)
+    return weight
+
+
 def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):
     """``te_func`` on ``args`` as a kernel FuseOps treats as a convolution (what follows elementwise, the
     requantization, joins it), less ``compensation`` per output channel where that is not all zeros."""
@@ -170,3 +172,24 @@ def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):
     if not compensation.any():  # the call itself: an alias binding would keep FuseOps from fusing it
         return call_tir
     return relax.op.subtract(bb.emit(call_tir), relax.const(compensation.astype(np.int32)))
+
+
+def _padded(data, padding, blocks: int, pad_value: int, shift: int, dot: DotProduct):
+    """``data`` + ``shift`` as the instruction's operand type, padded with ``pad_value`` and to ``blocks``
+    groups of 4 channels (copies of the last one: their weights are zero)."""
+    from tvm import te, tirx
+
+    n, h, w, c = (int(v) for v in data.shape)
+    top, left, bottom, right = padding
+
+    def shifted(value):
+        return (value.astype("int32") + shift).astype(dot.data_dtype) if shift else value.astype(dot.data_dtype)
+
+    return te.compute(
+        (n, h + top + bottom, w + left + right, blocks * 4),
+        lambda b, y, x, ch: tirx.if_then_else(
+            tirx.all(y >= top, y < h + top, x >= left, x < w + left),
+            shifted(data[b, tirx.max(tirx.min(y - top, h - 1), 0), tirx.max(tirx.min(x - left, w - 1), 0),
+                         tirx.min(ch, c - 1)]),
+            tirx.const(pad_value, dot.data_dtype)),
+        name="dot_pad")

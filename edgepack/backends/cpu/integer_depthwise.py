@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
-from edgepack.backends.cpu.dot_product import fusable_call, integer_input
+from edgepack.backends.cpu.dot_product import as_int8, fusable_call, integer_input
 from edgepack.backends.relax_exprs import dtype_of, static_shape
 
 
@@ -56,10 +56,12 @@ def depthwise_of_8_bit_inputs():
     def rewrite(call, weight: np.ndarray, bb):
         from tvm import relax
 
+        weight = as_int8(weight)
+
         a = call.attrs
         channels = int(weight.shape[0])
         if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI" or str(a.out_layout) not in ("", "NHWC") \
-                or str(a.out_dtype) != "int32" or weight.dtype != np.int8 or weight.shape[3] != 1 \
+                or dtype_of(call) != "int32" or weight.dtype != np.int8 or weight.shape[3] != 1 \
                 or int(a.groups) != channels or static_shape(call) is None:
             return None
         found = integer_input(call.args[0], bb)

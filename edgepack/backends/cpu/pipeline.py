@@ -26,7 +26,7 @@ from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
 from edgepack.backends.cpu.dot_product import dot_product_convolutions
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
-from edgepack.backends.cpu.integer import integer_products
+from edgepack.backends.cpu.integer import elementwise_quantization, integer_products
 from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -73,7 +73,7 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
-    rewrites = [integer_products(), conv_transpose_as_convolution(), vector_softmax()]
+    rewrites = [integer_products(), elementwise_quantization(), conv_transpose_as_convolution(), vector_softmax()]
     layout = [channels_last(), dot_product_convolutions(CpuInfo.of(target)), depthwise_of_8_bit_inputs()] \
         if form.channels_last else []
     if form.channels_last and form.winograd:

@@ -19,8 +19,8 @@ decorator and the merged converter map), ``subbyte`` (the 8-bit containers of su
 ``common`` (helpers shared by the converters), and one module per operator family: ``activations``,
 ``normalization``, ``convolution``, ``pooling``, ``resize``, ``elementwise``, ``reductions``,
 ``data_movement``, ``attention``, ``recurrent``, ``casts``, ``quantization``, ``generators``,
-``spectral``, ``losses``, ``detection`` (NonMaxSuppression), ``ml`` (ai.onnx.ml) and ``optimizers``
-(ai.onnx.preview.training).
+``spectral``, ``losses``, ``detection`` (NonMaxSuppression), ``ml`` (ai.onnx.ml), ``optimizers``
+(ai.onnx.preview.training) and ``qlinear_contrib`` (com.microsoft's quantized operators).
 Importing this package imports every family module, which registers its converters.
 """
 
@@ -41,6 +41,7 @@ from edgepack.frontends.onnx_ops import (  # noqa: F401
     normalization,
     optimizers,
     pooling,
+    qlinear_contrib,
     quantization,
     recurrent,
     reductions,

@@ -11,7 +11,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from edgepack.frontends.onnx_ops.casts import _SMALL_FLOATS, _float8_decode, _float8_encode
-from edgepack.frontends.onnx_ops.common import _dtype, _opt, _rank, _shape
+from edgepack.frontends.onnx_ops.common import _const_value, _dtype, _opt, _rank, _shape
 from edgepack.frontends.onnx_ops.registry import register
 from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINERS, _mark, _true_dtype
 
@@ -19,9 +19,19 @@ from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINER
 
 
 def _minus_zero_point(x, zp, axis_shape=None):
+    """int32(x) - zp. A constant zero point is folded here (none subtracted where it is 0), so that the
+    CPU's 8-bit kernels (``backends/cpu/dot_product.py``) find ``int32(x) - constant`` and constant weights."""
     x32 = relax.op.astype(x, "int32")
     if zp is None:
         return x32
+    value = _const_value(zp)
+    if value is not None:
+        if not value.any():
+            return x32
+        value = value.astype("int32")
+        if value.size == 1:
+            return x32 - relax.const(value.reshape(()), "int32")
+        return x32 - relax.const(value.reshape(axis_shape) if axis_shape is not None else value, "int32")
     z = relax.op.astype(zp, "int32")
     if axis_shape is not None:
         z = relax.op.reshape(z, axis_shape)
@@ -29,12 +39,19 @@ def _minus_zero_point(x, zp, axis_shape=None):
 
 
 def _requantize(bb, acc, factor, y_zp, out_dtype: str):
-    """round(acc * factor) + zero point, saturated: in float64 as the reference promotes it."""
-    d = relax.op.astype(acc, "float64") * relax.op.astype(factor, "float64")
+    """round(acc * factor) + zero point, saturated: in float32 and in that order, as ONNX Runtime's kernels
+    compute it (in float64, or with the zero point added before rounding, a value next to a rounding tie
+    went the other way, and MobileNetV2 in QOperator form drifted 3 quantization steps from ONNX Runtime
+    at its logits)."""
+    rounded = relax.op.round(relax.op.astype(acc, "float32") * relax.op.astype(factor, "float32"))
     if y_zp is not None:
-        d = d + relax.op.astype(y_zp, "float64")
+        rounded = rounded + relax.op.astype(y_zp, "float32")
     info = _np.iinfo(out_dtype)
-    return relax.op.astype(relax.op.clip(relax.op.round(d), int(info.min), int(info.max)), out_dtype)
+    # saturated by a minimum and a maximum, which have layout rules (a clip kept the CPU's channels-last
+    # form from passing through: a transpose on each side of every quantized convolution)
+    saturated = relax.op.maximum(relax.op.minimum(rounded, relax.const(float(info.max), "float32")),
+                                 relax.const(float(info.min), "float32"))
+    return relax.op.astype(saturated, out_dtype)
 
 
 @register("QLinearMatMul")
@@ -72,7 +89,7 @@ class QLinearConv(OnnxOpConverter):
         wi = bb.normalize(_minus_zero_point(w, w_zp, wz))
         acc = bb.normalize(_tvm.Conv.get_converter(11)(bb, [xi, wi, None], attr, params))
         if bias is not None:
-            acc = acc + relax.op.reshape(relax.op.astype(bias, "int32"), [1, -1] + [1] * (_rank(x) - 2))
+            acc = acc + relax.op.reshape(bb.normalize(relax.op.astype(bias, "int32")), [1, -1] + [1] * (_rank(x) - 2))
         ws = w_s if _rank(w_s) == 0 or _shape(w_s) == [1] else relax.op.reshape(w_s, [1, -1] + [1] * (_rank(x) - 2))
         out_dtype = _dtype(y_zp) if y_zp is not None else _dtype(x)
         return _requantize(bb, acc, x_s * ws / y_s, y_zp, out_dtype)

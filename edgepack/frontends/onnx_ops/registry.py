@@ -19,7 +19,10 @@ _SUBGRAPH_OPS = {"If", "Loop", "Scan", "Constant", "FlexAttention"}
 # Operators of other domains edgepack converts, as ``inspect`` names them (domain.op).
 _DOMAIN_OPS = {"ai.onnx.preview.FlexAttention", "ai.onnx.ml.Binarizer", "ai.onnx.ml.ArrayFeatureExtractor",
                "ai.onnx.preview.training.Adagrad", "ai.onnx.preview.training.Adam",
-               "ai.onnx.preview.training.Momentum"}
+               "ai.onnx.preview.training.Momentum",
+               *(f"com.microsoft.{op}" for op in ("QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+                                                  "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat",
+                                                  "QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"))}
 
 
 def register(*names: str):

@@ -1,0 +1,168 @@
+"""The ``com.microsoft`` quantized operators that ONNX Runtime's quantization tools write (QOperator format
+and dynamic quantization): QLinearAdd/Mul/Sigmoid/LeakyRelu/Concat/GlobalAveragePool/AveragePool, QGemm,
+MatMulIntegerToFloat and DynamicQuantizeMatMul.
+
+Each is imported as what it computes on real numbers between a ``dequantize`` of its 8-bit inputs and a
+``quantize`` of its output, the form of a QDQ model: the CPU pipeline then runs convolutions and matrix
+products on exact int32 sums (``backends/cpu/integer.py``) and the rest elementwise. ONNX Runtime's own
+kernels compute the same real-valued function with their own float roundings, so results agree within
+one quantization step (the tolerance ``validate`` applies to 8-bit outputs).
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend as _tvm
+from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
+
+from edgepack.frontends.onnx_ops.common import _dtype, _opt, _rank
+from edgepack.frontends.onnx_ops.registry import register
+
+
+def _zero(z, dtype: str):
+    return z if z is not None else relax.const(_np.zeros((), dtype), dtype)
+
+
+def _dq(bb, x, scale, zero, axis: int = -1):
+    """Real values of the 8-bit (or int32) ``x``: (x - zero) * scale (``axis``: of a per-channel scale)."""
+    if _rank(scale) == 0 or (_rank(scale) == 1 and int(scale.ty.shape[0]) == 1):
+        scale = relax.op.reshape(scale, []) if _rank(scale) else scale
+        zero = _zero(zero, _dtype(x))
+        zero = relax.op.reshape(zero, []) if _rank(zero) else zero
+        axis = -1
+    return bb.normalize(relax.op.dequantize(x, scale, _zero(zero, _dtype(x)), axis=axis, out_dtype="float32"))
+
+
+def _q(x, scale, zero, dtype: str):
+    scale = relax.op.reshape(scale, []) if _rank(scale) else scale
+    zero = _zero(zero, dtype)
+    zero = relax.op.reshape(zero, []) if _rank(zero) else zero
+    return relax.op.quantize(x, scale, zero, axis=-1, out_dtype=dtype)
+
+
+def _out_dtype(zero, like) -> str:
+    return _dtype(zero) if zero is not None else _dtype(like)
+
+
+@register("QLinearAdd")
+class QLinearBinary(OnnxOpConverter):
+    """(A, A_scale, A_zero, B, B_scale, B_zero, C_scale, C_zero)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params, op=relax.op.add):
+        a, a_s, a_z, b, b_s, b_z, c_s = inputs[:7]
+        c_z = _opt(inputs, 7)
+        return _q(op(_dq(bb, a, a_s, a_z), _dq(bb, b, b_s, _opt(inputs, 5))), c_s, c_z, _out_dtype(c_z, a))
+
+
+@register("QLinearMul")
+class QLinearMul(QLinearBinary):
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params, op=relax.op.multiply):
+        return super()._impl_v1(bb, inputs, attr, params, op=op)
+
+
+def _unary(bb, inputs, fn):
+    """(X, X_scale, X_zero, Y_scale, Y_zero) through ``fn`` on real values."""
+    x, x_s, x_z, y_s = inputs[0], inputs[1], _opt(inputs, 2), inputs[3]
+    y_z = _opt(inputs, 4)
+    return _q(fn(_dq(bb, x, x_s, x_z)), y_s, y_z, _out_dtype(y_z, x))
+
+
+@register("QLinearSigmoid")
+class QLinearSigmoid(OnnxOpConverter):
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _unary(bb, inputs, relax.op.sigmoid)
+
+
+@register("QLinearLeakyRelu")
+class QLinearLeakyRelu(OnnxOpConverter):
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        alpha = float(attr.get("alpha", 0.01))
+        return _unary(bb, inputs, lambda x: relax.op.nn.leakyrelu(x, alpha))
+
+
+@register("QLinearGlobalAveragePool")
+class QLinearGlobalAveragePool(OnnxOpConverter):
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        channels_last = int(attr.get("channels_last", 0))
+        rank = _rank(inputs[0])
+        axes = list(range(1, rank - 1)) if channels_last else list(range(2, rank))
+        return _unary(bb, inputs, lambda x: relax.op.mean(x, axis=axes, keepdims=True))
+
+
+@register("QLinearAveragePool")
+class QLinearAveragePool(OnnxOpConverter):
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        if int(attr.get("channels_last", 0)):
+            raise NotImplementedError("QLinearAveragePool with channels_last=1")
+        pool = {k: v for k, v in attr.items() if k != "channels_last"}
+        return _unary(bb, inputs, lambda x: _tvm.AveragePool.get_converter(19)(bb, [x], pool, params))
+
+
+@register("QLinearConcat")
+class QLinearConcat(OnnxOpConverter):
+    """(Y_scale, Y_zero, then X, X_scale, X_zero for each input)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        y_s, y_z = inputs[0], _opt(inputs, 1)
+        parts = [_dq(bb, inputs[i], inputs[i + 1], _opt(inputs, i + 2)) for i in range(2, len(inputs), 3)]
+        axis = int(attr.get("axis", 0))
+        return _q(relax.op.concat(parts, axis=axis), y_s, y_z, _out_dtype(y_z, inputs[2]))
+
+
+@register("QGemm")
+class QGemm(OnnxOpConverter):
+    """(A, A_scale, A_zero, B, B_scale, B_zero, C, Y_scale, Y_zero): alpha * A' B' + C, C an int32 bias at
+    scale alpha * A_scale * B_scale; float output where Y_scale is absent."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        a, a_s, a_z, b, b_s, b_z = inputs[0], inputs[1], _opt(inputs, 2), inputs[3], inputs[4], _opt(inputs, 5)
+        c, y_s, y_z = _opt(inputs, 6), _opt(inputs, 7), _opt(inputs, 8)
+        alpha = float(attr.get("alpha", 1.0))
+        trans_b = int(attr.get("transB", 0))
+        real_a = _dq(bb, a, a_s, a_z)
+        real_b = _dq(bb, b, b_s, b_z, axis=0 if trans_b else 1)
+        gemm = {"alpha": alpha, "beta": 1.0, "transA": int(attr.get("transA", 0)), "transB": trans_b}
+        operands = [real_a, real_b]
+        if c is not None:
+            bias_scale = bb.normalize(relax.op.multiply(relax.op.multiply(a_s, b_s), relax.const(_np.float32(alpha))))
+            operands.append(_dq(bb, c, bias_scale, None, axis=0))
+        y = bb.normalize(_tvm.Gemm.get_converter(13)(bb, operands, gemm, params))
+        return y if y_s is None else _q(y, y_s, y_z, _out_dtype(y_z, a))
+
+
+@register("MatMulIntegerToFloat")
+class MatMulIntegerToFloat(OnnxOpConverter):
+    """(A, B, A_scale, B_scale, A_zero, B_zero, bias): float (A - A_zero) A_scale x (B - B_zero) B_scale + bias."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        a, b, a_s, b_s = inputs[:4]
+        a_z, b_z, bias = _opt(inputs, 4), _opt(inputs, 5), _opt(inputs, 6)
+        y = relax.op.matmul(_dq(bb, a, a_s, a_z), _dq(bb, b, b_s, b_z, axis=_rank(b) - 1))
+        return y if bias is None else relax.op.add(y, bias)
+
+
+@register("DynamicQuantizeMatMul")
+class DynamicQuantizeMatMul(OnnxOpConverter):
+    """(A float, B 8-bit, B_scale, B_zero, bias): A quantized to uint8 by its own range at run time
+    (ONNX's DynamicQuantizeLinear), then as MatMulIntegerToFloat."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        a, b, b_s = inputs[:3]
+        b_z, bias = _opt(inputs, 3), _opt(inputs, 4)
+        quantized = bb.normalize(_tvm.DynamicQuantizeLinear.get_converter(11)(bb, [a], {}, params))
+        a_q, a_s, a_z = (bb.normalize(relax.TupleGetItem(quantized, i)) for i in range(3))
+        real_a = relax.op.multiply(relax.op.subtract(relax.op.astype(a_q, "float32"), relax.op.astype(a_z, "float32")),
+                                   a_s)
+        y = relax.op.matmul(real_a, _dq(bb, b, b_s, b_z, axis=_rank(b) - 1))
+        return y if bias is None else relax.op.add(y, bias)
