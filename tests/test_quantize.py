@@ -161,7 +161,13 @@ def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, bui
 def qoperator(models, tmp_path_factory):
     """MobileNetV2 quantized by ONNX Runtime in its QOperator format (QLinearConv, com.microsoft QLinearAdd,
     QLinearGlobalAveragePool and QGemm), calibrated on the real photo shifted and flipped."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     root = tmp_path_factory.mktemp("qoperator")

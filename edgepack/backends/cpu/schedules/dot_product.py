@@ -25,7 +25,6 @@ from edgepack.backends.cpu.schedules.tiling import (
     crops,
     inline_epilogue,
     output_shape,
-    power_of_two_divisor,
     schedule_leftovers,
     store_vectors,
     vector_lanes,
