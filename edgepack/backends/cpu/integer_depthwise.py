@@ -10,7 +10,11 @@ constant weights, one output channel per input channel) a kernel that reads ``x_
 
 exact, as the int32 form. The register tile of ``schedules/conv.py`` schedules it (a window, two
 operands), with the widening of the 8-bit input inside its loads; the requantization after it fuses
-into its store.
+into its store. (QDQ MobileNetV2's first one: 0.11 ms reading 8 bits, with ``round_even.py``.)
+
+Ungrouped convolutions stay as they are where the CPU has no dot-product instruction: reading 8 bits,
+each input value is widened again by every tile of output channels that reads it, and QDQ MobileNetV2
+built for AVX2 ran 14.3 ms against 9.9 with them reading int32 (Zen 4 running Haswell's code, 1 thread).
 """
 
 from __future__ import annotations
