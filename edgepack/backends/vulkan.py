@@ -25,6 +25,7 @@ from typing import Any
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
+from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32, refuse_8_bit_boundary
 from edgepack.backends.wgsl_floats import tir_pipeline
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
@@ -121,17 +122,25 @@ class VulkanBackend(GpuBackend):
     def tir_pipeline(self) -> str:
         return tir_pipeline()  # non-finite constants as bit patterns (``wgsl_floats.py``)
 
+    def relax_passes(self, model: str) -> list[Any]:
+        return [hold_8_bits_in_32(model)]  # WGSL has no 8-bit integers (``wgsl_bytes.py``)
+
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
 
     def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
-        """WGSL has no int64: narrow what provably fits to int32, refuse the rest by name (``backends.int64``)."""
+        """WGSL has no int64: narrow what provably fits to int32, refuse the rest by name (``backends.int64``).
+        Nor 8-bit integers: a model whose inputs or outputs are 8-bit is refused (``wgsl_bytes.py``)."""
+        refuse_8_bit_boundary(imported.mod, imported.info.path.name)
         if not target_lacks_int64(target):
             return imported
         return _with_module(imported, narrow_int64(imported.mod, model=imported.info.path.name))
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         text = f"{exc.__cause__ or ''} {exc.message}"
+        if WRAPPING_CAST in text:  # ``hold_8_bits_in_32``'s refusal, wrapped by TVM's pass machinery
+            return CompileError(text[text.index(imported.info.path.name + " casts"):].split(" Compile it")[0].strip(),
+                                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
         if "do not support i64" in text or "do not support u64" in text:
             try:  # name the kernels that still hold 64-bit buffers (e.g. an operator without a 32-bit rule)
                 where = int64_kernels(imported.mod, target)

@@ -1,7 +1,7 @@
 """8-bit convolutions on the CPU's dot-product instructions: AVX-512 VNNI (``vpdpbusd``) on x86 and
 ``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones).
 
-``integer.py`` turns an 8-bit convolution into an exact int32 one, ``conv2d(int32(x_q) - z, w_q)``. As
+``backends/integer.py`` turns an 8-bit convolution into an exact int32 one, ``conv2d(int32(x_q) - z, w_q)``. As
 such it multiplies 32-bit integers, 16 per AVX-512 instruction. A dot-product instruction multiplies
 four 8-bit pairs and adds them into each 32-bit lane: 64 multiply-adds per VNNI instruction, 16 per
 ``sdot``. This pass rewrites each such channels-last convolution (ungrouped, constant 8-bit weights,
@@ -111,7 +111,7 @@ def integer_input(expr, builder):
 
 
 def dot_product_convolutions(cpu: CpuInfo):
-    """A Relax module pass: every exact 8-bit convolution (``integer.py``) in channels-last form on the
+    """A Relax module pass: every exact 8-bit convolution (``backends/integer.py``) in channels-last form on the
     dot-product instruction of ``cpu`` (none: the pass changes nothing)."""
     dot = dot_product_of(cpu)
 

@@ -1,6 +1,6 @@
 """8-bit depthwise convolutions that read their 8-bit input.
 
-``integer.py`` leaves a depthwise convolution as ``conv2d(int32(x_q) - z, w_q, groups=C)``: the cast and
+``backends/integer.py`` leaves a depthwise convolution as ``conv2d(int32(x_q) - z, w_q, groups=C)``: the cast and
 the subtraction fuse into the kernel before it, which then writes its output as int32, four times the
 bytes of the 8-bit tensor, and the depthwise kernel reads them back (QDQ MobileNetV2's first one:
 112x112x32, 1.6 MB, 0.50 ms at one thread). This pass gives each such convolution (channels-last,
@@ -54,7 +54,7 @@ def depthwise_of_8_bits(data, weights, *, strides, padding, dilation, zero: int)
 
 
 def depthwise_of_8_bit_inputs():
-    """A Relax module pass: every exact 8-bit depthwise convolution (``integer.py``) in channels-last form
+    """A Relax module pass: every exact 8-bit depthwise convolution (``backends/integer.py``) in channels-last form
     reads its 8-bit input (see the module docstring)."""
 
     def rewrite(call, weight: np.ndarray, bb):

@@ -26,13 +26,13 @@ from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
 from edgepack.backends.cpu.dot_product import dot_product_convolutions
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
-from edgepack.backends.cpu.integer import elementwise_quantization, integer_products
 from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.softmax import vector_softmax
 from edgepack.backends.cpu.weights import fold_constant_calls
 from edgepack.backends.cpu.winograd import winograd_convolutions
+from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 
 

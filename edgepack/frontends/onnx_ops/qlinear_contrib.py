@@ -4,7 +4,7 @@ MatMulIntegerToFloat and DynamicQuantizeMatMul.
 
 Each is imported as what it computes on real numbers between a ``dequantize`` of its 8-bit inputs and a
 ``quantize`` of its output, the form of a QDQ model: the CPU pipeline then runs convolutions and matrix
-products on exact int32 sums (``backends/cpu/integer.py``) and the rest elementwise. ONNX Runtime's own
+products on exact int32 sums (``backends/integer.py``) and the rest elementwise. ONNX Runtime's own
 kernels compute the same real-valued function with their own float roundings, so results agree within
 one quantization step (the tolerance ``validate`` applies to 8-bit outputs).
 """
