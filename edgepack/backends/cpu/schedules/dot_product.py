@@ -21,7 +21,6 @@ from edgepack.backends.cpu.schedules.anatomy import child_blocks, static_extent
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
 from edgepack.backends.cpu.schedules.tiling import (
-    PARALLEL_MIN_MULTIPLY_ADDS,
     crops,
     inline_epilogue,
     output_shape,
@@ -32,6 +31,9 @@ from edgepack.backends.cpu.schedules.tiling import (
 
 MAX_PIXELS = 8  # pixels side by side in a tile: 4 and 8 ran alike on ResNet-8's 3x3 convolutions
 MAX_VECTORS = 4  # output-channel vectors per tile
+# Below this many 4-way dot products a kernel runs on one thread (``tiling.PARALLEL_MIN_MULTIPLY_ADDS``'s
+# reasoning, for instructions that do four times the work of a float multiply-add)
+PARALLEL_MIN_DOT_PRODUCTS = 1 << 18
 
 
 #: The block annotation that marks the dot-product reduction for ``schedules/dot_product.py``: its value
@@ -148,7 +150,7 @@ class DotProductConv(CpuRule):
         sch.reorder(n, y, x_outer, o_tiles, ky, kx, kb, x_inner, o_vectors, o_lanes, kc)
         fused = sch.fuse(n, y, x_outer, o_tiles)
         multiply_adds = prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)
-        if (static_extent(sch, fused) or 1) > 1 and multiply_adds >= PARALLEL_MIN_MULTIPLY_ADDS:
+        if (static_extent(sch, fused) or 1) > 1 and multiply_adds >= PARALLEL_MIN_DOT_PRODUCTS * 4:
             sch.parallel(fused)
 
         write_back = sch.cache_write(block, 0, "global")  # a small array on the stack: registers
