@@ -48,7 +48,8 @@ def const_value(expr):
     from tvm import relax, tirx
 
     if isinstance(expr, tvm.ir.GenericConst):
-        return expr.value.numpy()
+        value = expr.value
+        return value.numpy() if hasattr(value, "numpy") else None  # a GenericConst may hold a dtype
     if isinstance(expr, relax.ShapeExpr):
         if all(isinstance(v, tirx.IntImm) for v in expr.values):
             return np.array([int(v.value) for v in expr.values], dtype=np.int64)

@@ -99,15 +99,35 @@ def hold_8_bits_in_32(model: str = "the model"):
     return _pass
 
 
+def _read_other_than_as_words(func) -> list:
+    """The variables of ``func`` some call reads other than through ``memory.view`` (compiled-in
+    pre-processing reads a uint8 frame as 32-bit words that way, ``processing/frames.py``)."""
+    from tvm import relax
+
+    found = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") != "relax.memory.view":
+            found.extend(a for a in expr.args if isinstance(a, relax.Var))
+        elif isinstance(expr, relax.Tuple):
+            found.extend(f for f in expr.fields if isinstance(f, relax.Var))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
 def refuse_8_bit_boundary(mod, model: str = "the model") -> None:
-    """A CompileError where a Relax function of ``mod`` takes or gives an 8-bit tensor."""
+    """A CompileError where a Relax function of ``mod`` takes an 8-bit tensor it reads other than as
+    32-bit words, or gives one."""
     from tvm import relax
 
     for _gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
         inputs = func.params[:int(func.attrs["num_input"])] if func.attrs and "num_input" in func.attrs else func.params
-        eight = [f"input {p.name} ({dtype_of(p)})" for p in inputs if dtype_of(p) in EIGHT_BITS]
+        read_otherwise = _read_other_than_as_words(func)
+        eight = [f"input {p.name} ({dtype_of(p)})" for p in inputs
+                 if dtype_of(p) in EIGHT_BITS and any(p.same_as(v) for v in read_otherwise)]
         ret = func.body.body if hasattr(func.body, "body") else None
         outputs = list(ret.fields) if isinstance(ret, relax.Tuple) else [ret] if ret is not None else []
         eight += [f"an output ({dtype_of(o)})" for o in outputs if dtype_of(o) in EIGHT_BITS]
