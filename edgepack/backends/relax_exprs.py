@@ -85,6 +85,19 @@ def bound_constant(expr, bindings: dict) -> np.ndarray | None:
     return const_value(expr)
 
 
+def bound_value(expr, builder):
+    """What ``expr`` is bound to, through variables a ``relax.BlockBuilder`` (a mutator's ``builder_``)
+    has emitted; ``expr`` itself where it is no such variable."""
+    from tvm import relax
+
+    while isinstance(expr, relax.Var):
+        value = builder.lookup_binding(expr)
+        if value is None:
+            break
+        expr = value
+    return expr
+
+
 def op_name(call) -> str:
     op = getattr(call, "op", None)
     return str(getattr(op, "name", "")) if op is not None else ""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgepack.backends.relax_exprs import const_value, dtype_of
+from edgepack.backends.relax_exprs import bound_value, const_value, dtype_of, op_name
 from edgepack.errors import CompileError
 
 EIGHT_BITS = ("int8", "uint8")
@@ -27,37 +27,26 @@ WRAPPING_CAST = "which WGSL (no 8-bit integers) can only hold in 32 bits"  # in 
 
 def _in_range(expr, dtype: str, builder) -> bool:
     """Whether the values of ``expr`` (a Relax expression, through the builder's bindings) all fit
-    ``dtype``: a float (an out-of-range cast is undefined), or saturated to bounds inside its range."""
-    from tvm import relax
-
+    ``dtype``: a float (an out-of-range cast is undefined), or saturated (a ``clip``, or a ``minimum``
+    and a ``maximum`` of each other) to constant bounds inside its range."""
     info = np.iinfo(dtype)
-    while isinstance(expr, relax.Var) and builder.lookup_binding(expr) is not None:
-        expr = builder.lookup_binding(expr)
+    expr = bound_value(expr, builder)
     if dtype_of(expr) in ("float16", "float32", "float64"):
         return True
-    if not isinstance(expr, relax.Call):
-        return False
-    name = getattr(expr.op, "name", "")
+    name, saturating = op_name(expr), ("relax.maximum", "relax.minimum")
     if name == "relax.clip":
-        low, high = (float(const_value(a)) if const_value(a) is not None else None for a in expr.args[1:3])
-        return low is not None and high is not None and info.min <= low and high <= info.max
-    if name in ("relax.maximum", "relax.minimum"):
-        bound = const_value(expr.args[1])
-        other = expr.args[0]
-        if bound is None or bound.size != 1:
+        bounds = [const_value(a) for a in expr.args[1:3]]
+    elif name in saturating:
+        inner = bound_value(expr.args[0], builder)
+        if op_name(inner) not in saturating or op_name(inner) == name:  # both bounds, one of each kind
             return False
-        value = float(bound.reshape(-1)[0])
-        inner = other
-        while isinstance(inner, relax.Var) and builder.lookup_binding(inner) is not None:
-            inner = builder.lookup_binding(inner)
-        if not isinstance(inner, relax.Call) or getattr(inner.op, "name", "") not in ("relax.maximum", "relax.minimum"):
-            return False
-        inner_bound = const_value(inner.args[1])
-        if inner_bound is None or inner_bound.size != 1:
-            return False
-        bounds = sorted([value, float(inner_bound.reshape(-1)[0])])
-        return info.min <= bounds[0] and bounds[1] <= info.max
-    return False
+        bounds = [const_value(expr.args[1]), const_value(inner.args[1])]
+    else:
+        return False
+    if any(b is None or b.size != 1 for b in bounds):
+        return False
+    low, high = sorted(float(b.reshape(-1)[0]) for b in bounds)
+    return info.min <= low and high <= info.max
 
 
 def hold_8_bits_in_32(model: str = "the model"):
@@ -75,18 +64,15 @@ def hold_8_bits_in_32(model: str = "the model"):
 
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if getattr(call.op, "name", "") == "relax.astype" and str(call.attrs.dtype) in EIGHT_BITS:
-                target = str(call.attrs.dtype)
-                if dtype_of(call.args[0]) in EIGHT_BITS or dtype_of(call.args[0]) == "int32" and \
-                        _in_range(call.args[0], target, self.builder_):
-                    return call.args[0] if dtype_of(call.args[0]) == "int32" else relax.op.astype(call.args[0], "int32")
-                if not _in_range(call.args[0], target, self.builder_):
-                    raise CompileError(
-                        f"{model} casts a {dtype_of(call.args[0])} tensor to {target} on the GPU, {WRAPPING_CAST}, "
-                        "and these values may not fit 8 bits.",
-                        "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
-                return relax.op.astype(call.args[0], "int32")
-            return call
+            if op_name(call) != "relax.astype" or str(call.attrs.dtype) not in EIGHT_BITS:
+                return call
+            source, target = call.args[0], str(call.attrs.dtype)
+            if dtype_of(source) not in EIGHT_BITS and not _in_range(source, target, self.builder_):
+                raise CompileError(
+                    f"{model} casts a {dtype_of(source)} tensor to {target} on the GPU, {WRAPPING_CAST}, "
+                    "and these values may not fit 8 bits.",
+                    "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
+            return source if dtype_of(source) == "int32" else relax.op.astype(source, "int32")
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackHold8BitsIn32")
     def _pass(mod, _ctx):
@@ -107,7 +93,7 @@ def _read_other_than_as_words(func) -> list:
     found = []
 
     def visit(expr) -> None:
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") != "relax.memory.view":
+        if isinstance(expr, relax.Call) and op_name(expr) != "relax.memory.view":
             found.extend(a for a in expr.args if isinstance(a, relax.Var))
         elif isinstance(expr, relax.Tuple):
             found.extend(f for f in expr.fields if isinstance(f, relax.Var))

@@ -30,9 +30,21 @@ import numpy as np
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
 from edgepack.backends.cpu.schedules.dot_product import DOT_PRODUCT_ATTR, DotProduct, dot_product_of
 from edgepack.backends.cpu.schedules.machine import CpuInfo
-from edgepack.backends.relax_exprs import const_value, dtype_of, static_shape
+from edgepack.backends.relax_exprs import as_ints, bound_value, const_value, dtype_of, op_name, static_shape
 
 OUT_ELEMWISE_FUSABLE = 4  # TVM's OpPatternKind kOutEWiseFusable
+
+
+def window_of(attrs) -> dict:
+    """A convolution's window (strides, padding, dilation) as the TE kernels here take it."""
+    return {"strides": as_ints(attrs.strides), "padding": as_ints(attrs.padding), "dilation": as_ints(attrs.dilation)}
+
+
+def output_size(h: int, w: int, kernel: tuple[int, int], *, strides, padding, dilation) -> tuple[int, int]:
+    """Output rows and columns of a convolution window over ``h`` x ``w``."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilation
+    top, left, bottom, right = padding
+    return (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
 
 
 def packed_weights(weights_ohwi: np.ndarray) -> np.ndarray:
@@ -53,9 +65,7 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value: int
     n, h, w, c = (int(v) for v in data.shape)
     kh_, kw_, blocks, o, _four = (int(v) for v in weights.shape)
     (sh, sw), (dh, dw) = strides, dilation
-    top, left, bottom, right = padding
-    oh = (h + top + bottom - dh * (kh_ - 1) - 1) // sh + 1
-    ow = (w + left + right - dw * (kw_ - 1) - 1) // sw + 1
+    oh, ow = output_size(h, w, (kh_, kw_), strides=strides, padding=padding, dilation=dilation)
 
     if not any(padding) and c % 4 == 0 and not shift and data.dtype == dot.data_dtype:
         padded = data  # already the operand: read in place
@@ -80,27 +90,16 @@ def integer_input(expr, builder):
     onto the 8-bit tensor, emitted through ``builder``: a quarter of the bytes to move."""
     from tvm import relax
 
-    def bound(e):
-        while isinstance(e, relax.Var):
-            value = builder.lookup_binding(e)
-            if value is None:
-                return e
-            e = value
-        return e
-
-    def is_call(e, name: str) -> bool:
-        return isinstance(e, relax.Call) and getattr(e.op, "name", "") == name
-
     zero, axes = 0, None
-    value = bound(expr)
-    if is_call(value, "relax.permute_dims") and value.attrs.axes is not None:
-        axes, value = [int(v) for v in value.attrs.axes], bound(value.args[0])
-    if is_call(value, "relax.subtract"):
+    value = bound_value(expr, builder)
+    if op_name(value) == "relax.permute_dims" and value.attrs.axes is not None:
+        axes, value = [int(v) for v in value.attrs.axes], bound_value(value.args[0], builder)
+    if op_name(value) == "relax.subtract":
         z = const_value(value.args[1])
         if z is None or z.size != 1:
             return None
-        zero, value = int(z.reshape(-1)[0]), bound(value.args[0])
-    if not is_call(value, "relax.astype"):
+        zero, value = int(z.reshape(-1)[0]), bound_value(value.args[0], builder)
+    if op_name(value) != "relax.astype":
         return None
     source = value.args[0]
     if dtype_of(source) not in ("int8", "uint8") or dtype_of(value) != "int32" or static_shape(source) is None:
@@ -142,8 +141,7 @@ def dot_product_convolutions(cpu: CpuInfo):
             weight = np.concatenate([weight, np.zeros((channels - weight.shape[0], *weight.shape[1:]), np.int8)])
         packed = packed_weights(weight)
         compensation = pad_value * weight.astype(np.int64).sum(axis=(1, 2, 3))
-        settings = {"strides": [int(v) for v in a.strides], "padding": [int(v) for v in a.padding],
-                    "dilation": [int(v) for v in a.dilation], "pad_value": pad_value, "shift": shift, "dot": dot}
+        settings = {**window_of(a), "pad_value": pad_value, "shift": shift, "dot": dot}
         acc = fusable_call(bb, lambda x, w: dot_convolution(x, w, **settings), [data, relax.const(packed)],
                            "dot_conv2d", compensation)
         if channels != out_channels:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
-from edgepack.backends.cpu.dot_product import as_int8, fusable_call, integer_input
+from edgepack.backends.cpu.dot_product import as_int8, fusable_call, integer_input, output_size, window_of
 from edgepack.backends.relax_exprs import dtype_of, static_shape
 
 
@@ -35,8 +35,7 @@ def depthwise_of_8_bits(data, weights, *, strides, padding, dilation, zero: int)
     kh_, kw_, _c = (int(v) for v in weights.shape)
     (sh, sw), (dh, dw) = strides, dilation
     top, left, bottom, right = padding
-    oh = (h + top + bottom - dh * (kh_ - 1) - 1) // sh + 1
-    ow = (w + left + right - dw * (kw_ - 1) - 1) // sw + 1
+    oh, ow = output_size(h, w, (kh_, kw_), strides=strides, padding=padding, dilation=dilation)
     padded = te.compute(
         (n, h + top + bottom, w + left + right, c),
         lambda b, y, x, ch: tirx.if_then_else(
@@ -76,8 +75,7 @@ def depthwise_of_8_bit_inputs():
         if not info.min <= zero <= info.max:
             return None
         taps = np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0))  # [KH, KW, C]
-        settings = {"strides": [int(v) for v in a.strides], "padding": [int(v) for v in a.padding],
-                    "dilation": [int(v) for v in a.dilation], "zero": zero}
+        settings = {**window_of(a), "zero": zero}
         compensation = zero * taps.astype(np.int64).sum(axis=(0, 1))
         return (fusable_call(bb, lambda x, w: depthwise_of_8_bits(x, w, **settings), [data, relax.const(taps)],
                              "depthwise_conv2d_8bit", compensation), "reading 8-bit input")

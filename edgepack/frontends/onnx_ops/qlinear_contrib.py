@@ -24,43 +24,46 @@ def _zero(z, dtype: str):
     return z if z is not None else relax.const(_np.zeros((), dtype), dtype)
 
 
+def _scalar(e):
+    """A per-tensor scale or zero point ([] or [1]) as a scalar, the form quantize/dequantize take."""
+    return relax.op.reshape(e, []) if _rank(e) else e
+
+
 def _dq(bb, x, scale, zero, axis: int = -1):
     """Real values of the 8-bit (or int32) ``x``: (x - zero) * scale (``axis``: of a per-channel scale)."""
+    zero = _zero(zero, _dtype(x))
     if _rank(scale) == 0 or (_rank(scale) == 1 and int(scale.ty.shape[0]) == 1):
-        scale = relax.op.reshape(scale, []) if _rank(scale) else scale
-        zero = _zero(zero, _dtype(x))
-        zero = relax.op.reshape(zero, []) if _rank(zero) else zero
-        axis = -1
-    return bb.normalize(relax.op.dequantize(x, scale, _zero(zero, _dtype(x)), axis=axis, out_dtype="float32"))
+        scale, zero, axis = _scalar(scale), _scalar(zero), -1
+    return bb.normalize(relax.op.dequantize(x, scale, zero, axis=axis, out_dtype="float32"))
 
 
 def _q(x, scale, zero, dtype: str):
-    scale = relax.op.reshape(scale, []) if _rank(scale) else scale
-    zero = _zero(zero, dtype)
-    zero = relax.op.reshape(zero, []) if _rank(zero) else zero
-    return relax.op.quantize(x, scale, zero, axis=-1, out_dtype=dtype)
+    return relax.op.quantize(x, _scalar(scale), _scalar(_zero(zero, dtype)), axis=-1, out_dtype=dtype)
 
 
 def _out_dtype(zero, like) -> str:
     return _dtype(zero) if zero is not None else _dtype(like)
 
 
-@register("QLinearAdd")
-class QLinearBinary(OnnxOpConverter):
-    """(A, A_scale, A_zero, B, B_scale, B_zero, C_scale, C_zero)."""
+def _binary(bb, inputs, op):
+    """(A, A_scale, A_zero, B, B_scale, B_zero, C_scale, C_zero) through ``op`` on real values."""
+    a, a_s, a_z, b, b_s, b_z, c_s = inputs[0], inputs[1], _opt(inputs, 2), inputs[3], inputs[4], _opt(inputs, 5), inputs[6]
+    c_z = _opt(inputs, 7)
+    return _q(op(_dq(bb, a, a_s, a_z), _dq(bb, b, b_s, b_z)), c_s, c_z, _out_dtype(c_z, a))
 
+
+@register("QLinearAdd")
+class QLinearAdd(OnnxOpConverter):
     @classmethod
-    def _impl_v1(cls, bb, inputs, attr, params, op=relax.op.add):
-        a, a_s, a_z, b, b_s, b_z, c_s = inputs[:7]
-        c_z = _opt(inputs, 7)
-        return _q(op(_dq(bb, a, a_s, a_z), _dq(bb, b, b_s, _opt(inputs, 5))), c_s, c_z, _out_dtype(c_z, a))
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _binary(bb, inputs, relax.op.add)
 
 
 @register("QLinearMul")
-class QLinearMul(QLinearBinary):
+class QLinearMul(OnnxOpConverter):
     @classmethod
-    def _impl_v1(cls, bb, inputs, attr, params, op=relax.op.multiply):
-        return super()._impl_v1(bb, inputs, attr, params, op=op)
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _binary(bb, inputs, relax.op.multiply)
 
 
 def _unary(bb, inputs, fn):

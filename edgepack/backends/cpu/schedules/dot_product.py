@@ -20,14 +20,7 @@ from math import prod
 from edgepack.backends.cpu.schedules.anatomy import child_blocks, static_extent
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.schedules.rule import CpuRule
-from edgepack.backends.cpu.schedules.tiling import (
-    crops,
-    inline_epilogue,
-    output_shape,
-    schedule_leftovers,
-    store_vectors,
-    vector_lanes,
-)
+from edgepack.backends.cpu.schedules.tiling import cache_with_epilogue, schedule_leftovers, store_tile
 
 MAX_PIXELS = 8  # pixels side by side in a tile: 4 and 8 ran alike on ResNet-8's 3x3 convolutions
 MAX_VECTORS = 4  # output-channel vectors per tile
@@ -153,14 +146,7 @@ class DotProductConv(CpuRule):
         if (static_extent(sch, fused) or 1) > 1 and multiply_adds >= PARALLEL_MIN_DOT_PRODUCTS * 4:
             sch.parallel(fused)
 
-        write_back = sch.cache_write(block, 0, "global")  # a small array on the stack: registers
-        inline_epilogue(sch, write_back)
-        consumers = sch.get_consumers(write_back)
-        cropped = len(consumers) == 1 and crops(output_shape(sch, write_back), output_shape(sch, consumers[0]))
-        if cropped:  # output channels padded to whole vectors: the crop stores what it keeps from the tile
-            write_back = consumers[0]
-            sch.compute_inline(sch.get_producers(write_back)[0])
-            inline_epilogue(sch, write_back)
+        write_back, cropped = cache_with_epilogue(sch, block, "global")  # tensorize needs a global buffer
         sch.reverse_compute_at(write_back, fused)
         # the input's padded, shifted copy (where it needs one) made once, in a pass of its own
         # (``schedule_leftovers``): made per tile, QDQ MobileNetV2 ran 6% slower at one thread
@@ -173,12 +159,7 @@ class DotProductConv(CpuRule):
         sch.vectorize(init_loops[-1])
         for loop in init_loops[-3:-1]:
             sch.unroll(loop)
-        tile_loops = sch.get_loops(write_back)[1:]
-        if tile_loops and cropped:  # rows of the kept channels, in vectors that divide them
-            store_vectors(sch, tile_loops[-1], vector_lanes(static_extent(sch, tile_loops[-1]) or 1, lanes),
-                          tile_loops[:-1])
-        elif tile_loops:
-            store_vectors(sch, sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0], lanes)
+        store_tile(sch, write_back, sch.get_loops(write_back)[1:], lanes, lanes, cropped)
         schedule_leftovers(sch, fused, cpu)
         return True
 

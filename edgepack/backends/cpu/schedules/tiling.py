@@ -204,16 +204,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     tile_loop = channel_tiles[0] if channel_tiles else fused  # where one register tile's output is stored
 
     # accumulate in registers; the epilogue (every elementwise block after) runs once per tile
-    write_back = sch.cache_write(block, 0, "local")
-    inline_epilogue(sch, write_back)
-    consumers = sch.get_consumers(write_back)
-    cropped = len(consumers) == 1 and crops(output_shape(sch, write_back), output_shape(sch, consumers[0]))
-    if cropped:
-        # a crop (output channels padded to whole vectors, ``cpu/channels.py``): it stores what it keeps
-        # of the tile straight from the accumulators, the epilogue after it fused in
-        write_back = consumers[0]
-        sch.compute_inline(sch.get_producers(write_back)[0])
-        inline_epilogue(sch, write_back)
+    write_back, cropped = cache_with_epilogue(sch, block, "local")
     sch.reverse_compute_at(write_back, tile_loop)
     place_padding(sch, anatomy, fused, cpu, channel_tile_count)
     if at_tile is not None:
@@ -229,18 +220,43 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
         for loop in reductions:  # taps of neighbouring pixels share their loads (and bounds checks):
             sch.unroll(loop)  # Zen 4, BlazeFace's 64x64x24 3x3 0.056 -> 0.051 ms, MobileNetV2's 7x7x960 0.027 -> 0.025
     tile_loops = sch.get_loops(write_back)[2 if channel_tiles else 1:]  # the write-back's own loops
-    if tile_loops and cropped:  # rows of the kept channels: vectors that divide them, row by row
-        row = static_extent(sch, tile_loops[-1]) or 1
-        lanes = vector_lanes(row, cpu.lanes(anatomy.dtype_bits))
-        if lanes > 1 and not scalar_only(sch, write_back):
-            store_vectors(sch, tile_loops[-1], lanes, tile_loops[:-1])
-    elif tile_loops:
-        flat = sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0]
-        if tile.lanes > 1 and not scalar_only(sch, write_back):  # the epilogue: e.g. a fused cosh
-            store_vectors(sch, flat, tile.lanes)
+    store_tile(sch, write_back, tile_loops, tile.lanes, cpu.lanes(anatomy.dtype_bits), cropped)
     sch.decompose_reduction(block, reductions[0])
     schedule_leftovers(sch, fused, cpu)
     rewrite_weight_layouts(sch)
+
+
+def cache_with_epilogue(sch, block, scope: str):
+    """``block``'s output accumulated in a ``scope`` cache (``local``: registers; a tensorized block needs
+    ``global``, a small array on the stack), with the elementwise blocks after it folded into the store.
+    Where a crop follows (output channels padded to whole vectors, ``cpu/channels.py``), the crop is the
+    store: it keeps its part of the tile straight from the accumulators, the epilogue after it fused in.
+    Returns (the storing block, whether it crops)."""
+    write_back = sch.cache_write(block, 0, scope)
+    inline_epilogue(sch, write_back)
+    consumers = sch.get_consumers(write_back)
+    cropped = len(consumers) == 1 and _crops(_output_shape(sch, write_back), _output_shape(sch, consumers[0]))
+    if cropped:
+        write_back = consumers[0]
+        sch.compute_inline(sch.get_producers(write_back)[0])
+        inline_epilogue(sch, write_back)
+    return write_back, cropped
+
+
+def store_tile(sch, write_back, tile_loops, lanes: int, row_lanes: int, cropped: bool) -> None:
+    """A tile's store (``write_back``'s ``tile_loops``) in SIMD vectors: of ``lanes`` over the whole tile,
+    or, where it crops, row by row in vectors of up to ``row_lanes`` that divide the kept row. Scalar where
+    the epilogue cannot be vectorized (e.g. a fused cosh)."""
+    if not tile_loops:
+        return
+    if cropped:
+        lanes = vector_lanes(static_extent(sch, tile_loops[-1]) or 1, row_lanes)
+        if lanes > 1 and not scalar_only(sch, write_back):
+            store_vectors(sch, tile_loops[-1], lanes, tile_loops[:-1])
+        return
+    flat = sch.fuse(*tile_loops) if len(tile_loops) > 1 else tile_loops[0]
+    if lanes > 1 and not scalar_only(sch, write_back):
+        store_vectors(sch, flat, lanes)
 
 
 def store_vectors(sch, loop, lanes: int, outer=()) -> None:
@@ -307,7 +323,7 @@ def inline_epilogue(sch, block) -> None:
                        if _elementwise_step(sch, c, block)):  # one block reads the output
                 break
             continue
-        if output_shape(sch, consumers[0]) != output_shape(sch, block):
+        if _output_shape(sch, consumers[0]) != _output_shape(sch, block):
             break
         if not _folds(sch.reverse_compute_inline, consumers[0]) and not (
                 _inline_other_operands(sch, consumers[0], block) and _folds(sch.reverse_compute_inline, consumers[0])):
@@ -318,7 +334,7 @@ def _elementwise_step(sch, candidate, block) -> bool:
     """``candidate`` is a step of an elementwise chain after ``block``: spatial, of its shape, and read
     by exactly one block (so that inlining it computes nothing twice)."""
     return is_spatial(sch, candidate) and stores_one_value(sch, candidate) \
-        and output_shape(sch, candidate) == output_shape(sch, block) and len(sch.get_consumers(candidate)) == 1
+        and _output_shape(sch, candidate) == _output_shape(sch, block) and len(sch.get_consumers(candidate)) == 1
 
 
 def _folds(primitive, block) -> bool:
@@ -339,12 +355,12 @@ def _inline_other_operands(sch, consumer, block) -> bool:
     return sum(_folds(sch.compute_inline, other) for other in others) > 0
 
 
-def crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
+def _crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
     """``kept`` is a part of ``shape`` (no larger along any axis, smaller along one)."""
     return len(kept) == len(shape) and kept != shape and all(k <= s for k, s in zip(kept, shape))
 
 
-def output_shape(sch, block) -> tuple[int, ...]:
+def _output_shape(sch, block) -> tuple[int, ...]:
     return tuple(int(x) for x in sch.get(block).writes[0].source.shape)
 
 
@@ -367,7 +383,7 @@ def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles:
             sch.compute_inline(pad)
             continue
         bits = max(8, int(sch.get(pad).writes[0].source.dtype.bits))
-        channels = output_shape(sch, pad)[-1]
+        channels = _output_shape(sch, pad)[-1]
         if channel_tiles > 1 and channels % cpu.lanes(bits) == 0:
             continue  # padded once: ``schedule_leftovers`` runs the pass in parallel, in vectors
         sch.compute_at(pad, tile_loop)
