@@ -47,9 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from fetch_models import LIGHT_MODELS, QUANTIZED_MODELS, ZOO
+from fetch_models import DYNAMIC_MODELS, LIGHT_MODELS, QUANTIZED_MODELS, ZOO
 
-MODELS = ("mobilenetv2", *LIGHT_MODELS, *(entry.name for entry in ZOO), *QUANTIZED_MODELS)  # every model has a row
+MODELS = ("mobilenetv2", *LIGHT_MODELS, *(entry.name for entry in ZOO), *QUANTIZED_MODELS, *DYNAMIC_MODELS)  # every model has a row
 DEFAULT_MODELS = ("mobilenetv2", "light_resnet50", "ppocr_cls", "face_detection_short_range")
 
 

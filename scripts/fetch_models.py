@@ -138,6 +138,9 @@ LIGHT_MODELS = ("light_resnet50", "light_squeezenet", "light_shufflenet")  # con
 # 8-bit QDQ models made here by `edgepack quantize` (ONNX Runtime's quantizer) from a float model of the zoo:
 # {name: (float model, the float model's natural input)}; calibrated on that input shifted and flipped
 QUANTIZED_MODELS = {"mobilenetv2_int8": "mobilenetv2", "light_resnet50_int8": "light_resnet50"}
+# models quantized dynamically by ONNX Runtime's `quantize_dynamic` (8-bit weights; activations quantized at
+# run time by their own range: ConvInteger, MatMulInteger, com.microsoft.DynamicQuantizeLSTM): {name: float model}
+DYNAMIC_MODELS = {"ppocr_rec_lstm_dyn8": "ppocr_rec_lstm"}
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,8 @@ def ensure_models(cache: Path | None = None) -> dict[str, TestModel]:
                                        random_inputs=entry.random_inputs, atol=entry.atol)
     for name, source in QUANTIZED_MODELS.items():
         models[name] = _quantized_model(name, models[source], models["mobilenetv2"].natural, out)
+    for name, source in DYNAMIC_MODELS.items():
+        models[name] = _dynamic_model(name, models[source], out)
     return models
 
 
@@ -246,6 +251,22 @@ def _quantized_model(name: str, source: TestModel, photo: Path, out: Path) -> Te
         folded.unlink()
     natural = photo if source.natural is not None else None
     return TestModel(name, path, family=f"8-bit QDQ of {source.name}", natural=natural, real_weights=source.real_weights)
+
+
+def _dynamic_model(name: str, source: TestModel, out: Path) -> TestModel:
+    """``source`` through ``onnxruntime.quantization.quantize_dynamic`` (int8 weights), its constant
+    subgraphs folded first (the quantizer converts only weights that are initializers)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    path = out / f"{name}.onnx"
+    if not path.exists():
+        folded = _constants_folded(source.path, out / f".{name}.folded.onnx")
+        tmp = path.with_name(f".{name}.tmp.onnx")
+        quantize_dynamic(folded, tmp, weight_type=QuantType.QInt8)
+        tmp.replace(path)
+        folded.unlink()
+    return TestModel(name, path, dict(source.input_shapes), f"8-bit dynamic quantization of {source.name}",
+                     source.natural)
 
 
 def main() -> None:

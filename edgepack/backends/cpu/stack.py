@@ -8,7 +8,8 @@ PP-OCR's 24x96 pointwise 8 -> 8 convolution ran in 6.9 us with its loop parallel
 tile on the stack (one thread either way). So CPU builds lower every buffer of a known size up to
 ``STACK_LIMIT_BYTES`` to a stack slot (the runtime's and a phone's worker threads have at least
 512 KiB of stack), through TVM's own opt-out of the workspace call (``disable_lower_builtin``). The
-pipeline also rounds half to even with an instruction LLVM vectorizes (``round_even.py``).
+pipeline also rounds half to even with an instruction LLVM vectorizes (``round_even.py``) and keeps
+integer sums scaled to float from being contracted into fused multiply-adds (``separate_products.py``).
 
 ``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass added before
 ``LowerTVMBuiltin`` and returns its name (candidates built for tuning use it too, so that records and
@@ -21,6 +22,7 @@ import functools
 from math import prod
 
 from edgepack.backends.cpu.round_even import round_even
+from edgepack.backends.cpu.separate_products import separate_products
 
 TIR_PIPELINE = "edgepack-cpu"
 STACK_LIMIT_BYTES = 16 * 1024
@@ -64,7 +66,7 @@ def _pipeline():
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
     # rounding rewritten before TVM's vectorizer, which writes a vector ``nearbyint`` lane by lane
-    return (tvm.transform.Sequential([round_even(), lower]),
+    return (tvm.transform.Sequential([round_even(), separate_products(), lower]),
             lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device)
 
 

@@ -1,6 +1,6 @@
 """The ``com.microsoft`` quantized operators that ONNX Runtime's quantization tools write (QOperator format
 and dynamic quantization): QLinearAdd/Mul/Sigmoid/LeakyRelu/Concat/GlobalAveragePool/AveragePool, QGemm,
-MatMulIntegerToFloat and DynamicQuantizeMatMul.
+MatMulIntegerToFloat, DynamicQuantizeMatMul and DynamicQuantizeLSTM.
 
 Each is imported as what it computes on real numbers between a ``dequantize`` of its 8-bit inputs and a
 ``quantize`` of its output, the form of a QDQ model: the CPU pipeline then runs convolutions and matrix
@@ -16,7 +16,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from edgepack.frontends.onnx_ops.common import _dtype, _opt, _rank
+from edgepack.frontends.onnx_ops.common import _dtype, _opt, _rank, _shape
+from edgepack.frontends.onnx_ops.quantization import dynamic_quantize, integer_matmul_to_float
+from edgepack.frontends.onnx_ops.recurrent import LSTM
 from edgepack.frontends.onnx_ops.registry import register
 
 
@@ -144,14 +146,13 @@ class QGemm(OnnxOpConverter):
 
 @register("MatMulIntegerToFloat")
 class MatMulIntegerToFloat(OnnxOpConverter):
-    """(A, B, A_scale, B_scale, A_zero, B_zero, bias): float (A - A_zero) A_scale x (B - B_zero) B_scale + bias."""
+    """(A, B, A_scale, B_scale, A_zero, B_zero, bias): float (A - A_zero)(B - B_zero) x A_scale B_scale + bias,
+    the product summed in int32."""
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         a, b, a_s, b_s = inputs[:4]
-        a_z, b_z, bias = _opt(inputs, 4), _opt(inputs, 5), _opt(inputs, 6)
-        y = relax.op.matmul(_dq(bb, a, a_s, a_z), _dq(bb, b, b_s, b_z, axis=_rank(b) - 1))
-        return y if bias is None else relax.op.add(y, bias)
+        return integer_matmul_to_float(bb, a, _opt(inputs, 4), b, _opt(inputs, 5), a_s * b_s, _opt(inputs, 6))
 
 
 @register("DynamicQuantizeMatMul")
@@ -162,10 +163,37 @@ class DynamicQuantizeMatMul(OnnxOpConverter):
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         a, b, b_s = inputs[:3]
-        b_z, bias = _opt(inputs, 3), _opt(inputs, 4)
-        quantized = bb.normalize(_tvm.DynamicQuantizeLinear.get_converter(11)(bb, [a], {}, params))
-        a_q, a_s, a_z = (bb.normalize(relax.TupleGetItem(quantized, i)) for i in range(3))
-        real_a = relax.op.multiply(relax.op.subtract(relax.op.astype(a_q, "float32"), relax.op.astype(a_z, "float32")),
-                                   a_s)
-        y = relax.op.matmul(real_a, _dq(bb, b, b_s, b_z, axis=_rank(b) - 1))
-        return y if bias is None else relax.op.add(y, bias)
+        a_q, a_s, a_z = dynamic_quantize(bb, a)
+        return integer_matmul_to_float(bb, a_q, a_z, b, _opt(inputs, 3), a_s * b_s, _opt(inputs, 4))
+
+
+@register("DynamicQuantizeLSTM")
+class DynamicQuantizeLSTM(LSTM):
+    """An LSTM with 8-bit weights (W [dirs, input, 4H], R [dirs, H, 4H], scales and zero points per
+    direction or per gate column): as ONNX Runtime runs it, each product's float operand is quantized to
+    uint8 by its own range (the whole sequence for X W, each step's H for H R), summed in int32 and scaled
+    back; the gates in float."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return cls._impl_v7(bb, inputs, attr, params)
+
+    @classmethod
+    def direction_weights(cls, bb, inputs, d):
+        def part(weights, scale, zero):
+            def pick(e):
+                return bb.normalize(relax.op.squeeze(relax.op.strided_slice(e, [0], [d], [d + 1]), [0]))
+
+            return pick(weights), pick(scale), pick(zero) if zero is not None else None
+
+        return (part(inputs[1], inputs[8], _opt(inputs, 9)), part(inputs[2], inputs[10], _opt(inputs, 11)))
+
+    @classmethod
+    def times(cls, bb, a, weights):
+        w, w_s, w_z = weights
+        a_q, a_s, a_z = dynamic_quantize(bb, a)
+        return bb.normalize(integer_matmul_to_float(bb, a_q, a_z, w, w_z, a_s * w_s))
+
+    @classmethod
+    def hidden_size(cls, w) -> int:
+        return _shape(w)[2] // cls.gates

@@ -54,6 +54,37 @@ def _requantize(bb, acc, factor, y_zp, out_dtype: str):
     return relax.op.astype(saturated, out_dtype)
 
 
+def dynamic_quantize(bb, x):
+    """ONNX's DynamicQuantizeLinear as ONNX Runtime computes it: the range [min(x, 0), max(x, 0)] over 255
+    steps (a scale of 1 where the range is empty: TVM's converter divided by 0 there), the zero point
+    rounded half to even, ``round(x / scale) + zero point`` saturated. Returns (uint8, scale, zero point)."""
+    zero = relax.const(_np.float32(0), "float32")
+    lo = relax.op.minimum(relax.op.min(x), zero)
+    hi = relax.op.maximum(relax.op.max(x), zero)
+    scale = bb.normalize(relax.op.where(relax.op.equal(hi, lo), relax.const(_np.float32(1), "float32"),
+                                        relax.op.divide(hi - lo, relax.const(_np.float32(255), "float32"))))
+    zp = bb.normalize(relax.op.round(relax.op.clip(relax.op.negative(relax.op.divide(lo, scale)), 0, 255)))
+    q = relax.op.clip(relax.op.round(relax.op.divide(x, scale)) + zp, 0, 255)
+    return bb.normalize(relax.op.astype(q, "uint8")), scale, bb.normalize(relax.op.astype(zp, "uint8"))
+
+
+@register("DynamicQuantizeLinear")
+class DynamicQuantizeLinear(OnnxOpConverter):
+    @classmethod
+    def _impl_v11(cls, bb, inputs, attr, params):
+        return relax.Tuple(list(dynamic_quantize(bb, inputs[0])))
+
+
+def integer_matmul_to_float(bb, a, a_zp, b, b_zp, scale, bias=None):
+    """float(sum of (a - a_zp)(b - b_zp) in int32) * scale (+ bias): how ONNX Runtime's dynamically quantized
+    products (MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM) compute; ``b``'s zero point
+    per column where it is 1-D."""
+    b_axis = [_shape(b_zp)[0]] if b_zp is not None and _rank(b_zp) == 1 and _shape(b_zp)[0] > 1 else None
+    acc = relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp, b_axis), out_dtype="int32")
+    y = relax.op.astype(acc, "float32") * scale
+    return y if bias is None else y + bias
+
+
 @register("QLinearMatMul")
 class QLinearMatMul(OnnxOpConverter):
     @classmethod

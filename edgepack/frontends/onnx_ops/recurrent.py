@@ -73,7 +73,7 @@ class _Recurrent(OnnxOpConverter):
 
     @classmethod
     def _impl_v7(cls, bb, inputs, attr, params):
-        x, w, r = inputs[0], inputs[1], inputs[2]
+        x, w = inputs[0], inputs[1]
         b, seq_lens, h0 = _opt(inputs, 3), _opt(inputs, 4), _opt(inputs, 5)
         extra = [_opt(inputs, i) for i in range(6, len(inputs))]
         dt = _dtype(x)
@@ -84,16 +84,16 @@ class _Recurrent(OnnxOpConverter):
             extra = [bb.normalize(relax.op.permute_dims(e, [1, 0, 2])) if e is not None and _rank(e) == 3 else e
                      for e in extra]
         seq, batch, _ = _shape(x)
-        num_dirs, gh, _ = _shape(w)
-        hidden = gh // cls.gates
+        num_dirs = _shape(w)[0]
+        hidden = cls.hidden_size(w)
+        gh = hidden * cls.gates
         direction = _attr_str(attr, "direction", "forward")
         acts = _rnn_activations(attr, cls.defaults, num_dirs, dt)
         clip = attr.get("clip")
         ys, hs, cs = [], [], []
         for d in range(num_dirs):
-            wd = relax.op.squeeze(relax.op.strided_slice(w, [0], [d], [d + 1]), [0])
-            rd = bb.normalize(relax.op.permute_dims(relax.op.squeeze(relax.op.strided_slice(r, [0], [d], [d + 1]), [0])))
-            xw = bb.normalize(relax.op.matmul(x, relax.op.permute_dims(wd)))  # [seq, batch, gates*H]
+            wd, rd = cls.direction_weights(bb, inputs, d)
+            xw = bb.normalize(cls.times(bb, x, wd))  # [seq, batch, gates*H]
             wb = rb = None
             if b is not None:
                 bd = relax.op.squeeze(relax.op.strided_slice(b, [0], [d], [d + 1]), [0])
@@ -126,6 +126,24 @@ class _Recurrent(OnnxOpConverter):
                       [relax.op.permute_dims(e, [1, 0, 2]) for e in results[1:]]
         n = attr["tvm_custom"]["num_outputs"]
         return relax.Tuple(results[:max(n, 1)]) if n > 1 else results[0]
+
+    @classmethod
+    def hidden_size(cls, w) -> int:
+        return _shape(w)[1] // cls.gates
+
+    @classmethod
+    def direction_weights(cls, bb, inputs, d):
+        """Direction ``d``'s input and recurrent weights as the right operands of :meth:`times`
+        ([input, gates*H] and [H, gates*H])."""
+        def pick(e):
+            return bb.normalize(relax.op.permute_dims(relax.op.squeeze(relax.op.strided_slice(e, [0], [d], [d + 1]),
+                                                                       [0])))
+
+        return pick(inputs[1]), pick(inputs[2])
+
+    @classmethod
+    def times(cls, bb, a, weights):
+        return relax.op.matmul(a, weights)
 
     @classmethod
     def initial_state(cls, bb, h0, extra, d, batch, hidden, dt):
@@ -208,7 +226,7 @@ class LSTM(_Recurrent):
     def step(cls, bb, xt, state, rd, rb, extra, d, acts, clip, hidden, dt):
         f, g, hact = acts
         h, c = state
-        pre = bb.normalize(xt + relax.op.matmul(h, rd) + (rb if rb is not None else _const(0, dt)))
+        pre = bb.normalize(xt + cls.times(bb, h, rd) + (rb if rb is not None else _const(0, dt)))
         p = extra[1] if len(extra) > 1 else None
         peep = None
         if p is not None:

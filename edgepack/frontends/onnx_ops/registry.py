@@ -22,7 +22,8 @@ _DOMAIN_OPS = {"ai.onnx.preview.FlexAttention", "ai.onnx.ml.Binarizer", "ai.onnx
                "ai.onnx.preview.training.Momentum",
                *(f"com.microsoft.{op}" for op in ("QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
                                                   "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat",
-                                                  "QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"))}
+                                                  "QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+                                                  "DynamicQuantizeLSTM"))}
 
 
 def register(*names: str):
