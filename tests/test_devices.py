@@ -188,10 +188,11 @@ def test_validate_a_real_model_on_a_device(env, cls_build):
     assert output["shape"] == [1, 2] and output["max_abs_error"] < 1e-4
 
 
-@pytest.mark.parametrize("name", ["iris_landmark", "ppocr_det"])
+@pytest.mark.parametrize("name", ["iris_landmark", "ppocr_det", "resnet8_int8"])
 def test_validate_real_models_on_natural_inputs_on_a_device(env, models, build_cache, name):
-    """A TFLite landmark model on an eye from a photo, PP-OCR's text detector on a scanned page: outputs
-    that show any wrong kernel (landmark coordinates, a probability map), computed on the device."""
+    """A TFLite landmark model on an eye from a photo, PP-OCR's text detector on a scanned page, an int8
+    TFLite classifier on a photo (its integer kernels, within one step of LiteRT): outputs that show any
+    wrong kernel (landmark coordinates, a probability map, int8 logits), computed on the device."""
     model = models[name]
     build = build_cache(model, "rpi4")
     report = _json(_cli(dict(env["env"], EDGEPACK_INVENTORY=str(env["inventory"])), "validate", str(build), "--on",
