@@ -18,6 +18,7 @@
 #endif
 #include "ep_parallel.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
@@ -39,7 +40,8 @@
 /* Every EP_LOAD_NS the pool looks at how much of the CPUs other processes took (/proc/stat less this
    process's own time): with a core held by another app, a worker there would share it, and every kernel
    would wait for the part it was running when parked; the pool then uses only the cores left (the
-   workers it does not use sleep). Where /proc/stat cannot be read (Android apps), it uses every thread. */
+   workers it does not use sleep); at its first loop, from the threads running now. Where /proc/stat cannot
+   be read (Android apps), it uses every thread. */
 #define EP_LOAD_NS 50000000L
 #define EP_OTHERS_MARGIN 0.3 /* cores others must take beyond whole ones before one more is given up */
 
@@ -357,6 +359,39 @@ static double busy_seconds(void) {
   return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)hz; /* not idle (3), iowait (4) */
 }
 
+/* Threads of other processes running now: /proc/stat's procs_running less this process's running threads
+   (the look at the first loop, before an interval of CPU times exists: a model run once or a few times
+   after start under load would otherwise be split across a busy core for its first EP_LOAD_NS); < 0 if
+   it cannot be read. */
+static int others_running(void) {
+  char line[256], path[64];
+  int running = -1, own = 0;
+  DIR* tasks;
+  struct dirent* task;
+  FILE* f = fopen("/proc/stat", "r");
+  if (f == NULL) return -1;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (sscanf(line, "procs_running %d", &running) == 1) break;
+  }
+  fclose(f);
+  tasks = running < 0 ? NULL : opendir("/proc/self/task");
+  if (tasks == NULL) return -1;
+  while ((task = readdir(tasks)) != NULL) {
+    const char* state;
+    if (task->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/self/task/%.20s/stat", task->d_name);
+    f = fopen(path, "r");
+    if (f == NULL) continue;
+    if (fgets(line, sizeof line, f) != NULL && (state = strrchr(line, ')')) != NULL && state[1] == ' ' &&
+        state[2] == 'R') {
+      ++own;
+    }
+    fclose(f);
+  }
+  closedir(tasks);
+  return running > own ? running - own : 0;
+}
+
 static double own_seconds(void) {
   struct rusage use;
   if (getrusage(RUSAGE_SELF, &use) != 0) return -1;
@@ -384,6 +419,8 @@ static int threads_to_use(int threads, long now) {
     want = threads_available(threads, taken);
   } else if (busy < 0) {
     want = threads;
+  } else if ((taken = others_running()) >= 0) {
+    want = threads_available(threads, taken);
   }
   pool.load_at = now;
   pool.load_busy = busy;
