@@ -40,9 +40,11 @@
 /* Every EP_LOAD_NS the pool looks at how much of the CPUs other processes took (/proc/stat less this
    process's own time): with a core held by another app, a worker there would share it, and every kernel
    would wait for the part it was running when parked; the pool then uses only the cores left (the
-   workers it does not use sleep); at its first loop, from the threads running now. Where /proc/stat cannot
-   be read (Android apps), it uses every thread. */
+   workers it does not use sleep); before the first interval, from the threads running now. Where
+   /proc/stat cannot be read (Android apps), it uses every thread. */
 #define EP_LOAD_NS 50000000L
+#define EP_LOAD_LOOKS 4 /* looks at the threads running now before the pool gives up a core on them */
+#define EP_GLANCE_NS 2000000L /* how often the threads running are looked at before the first interval */
 #define EP_OTHERS_MARGIN 0.3 /* cores others must take beyond whole ones before one more is given up */
 
 typedef struct {
@@ -75,6 +77,8 @@ static struct {
   atomic_int want;         /* threads loops use now: <= threads, fewer while other processes hold cores */
   pthread_cond_t idle;     /* workers beyond `want` wait here */
   long load_at;            /* when the load was last looked at (launch lock held) */
+  long glance_at;          /* when the threads running were last looked at */
+  int load_intervals;      /* intervals of CPU times the load was measured over */
   double load_busy, load_self; /* CPU seconds then: all processes (/proc/stat), this one */
 
   /* the loop in flight: written by its caller before it opens the blocks, read by a thread only after
@@ -392,6 +396,22 @@ static int others_running(void) {
   return running > own ? running - own : 0;
 }
 
+/* others_running(), the fewest of a few looks 50 us apart: another app's busy thread is running at every
+   look, a short-lived task (or one of this process's threads between running and sleeping as the pool
+   starts, read at two moments) at few (on a quiet machine, one look in ten saw one more). */
+static int others_running_steadily(void) {
+  struct timespec pause = {0, 50000};
+  int look, seen, fewest = -1;
+  for (look = 0; look < EP_LOAD_LOOKS; ++look) {
+    if (look > 0) nanosleep(&pause, NULL);
+    seen = others_running();
+    if (seen < 0) return fewest;
+    if (fewest < 0 || seen < fewest) fewest = seen;
+    if (fewest == 0) break;
+  }
+  return fewest;
+}
+
 static double own_seconds(void) {
   struct rusage use;
   if (getrusage(RUSAGE_SELF, &use) != 0) return -1;
@@ -404,23 +424,42 @@ static int threads_available(int threads, int taken) {
   return free >= threads ? threads : (free > 1 ? free : 1);
 }
 
+/* Threads for the next loops from the threads running now (before an interval of CPU times exists): one
+   look that finds none of other processes gives every thread back; a core is given up only where several
+   looks agree (``others_running_steadily``). */
+static int glance(int threads, int want) {
+  int taken = others_running();
+  if (taken < 0) return want;
+  if (taken > 0 && want == threads) taken = others_running_steadily();
+  return taken < 0 ? want : threads_available(threads, taken);
+}
+
 /* Threads for the next loops: `threads`, less the cores other processes took since the last look
-   (launch lock held; at most every EP_LOAD_NS). */
+   (launch lock held; at most every EP_LOAD_NS; until the first such interval has passed, a glance at the
+   threads running now every EP_GLANCE_NS). */
 static int threads_to_use(int threads, long now) {
   double busy, self, others;
   int taken, want = atomic_load(&pool.want);
   if (want < 1 || want > threads) want = threads;
-  if (now - pool.load_at < EP_LOAD_NS) return want;
+  if (now - pool.load_at < EP_LOAD_NS) {
+    if (pool.load_intervals == 0 && now - pool.glance_at >= EP_GLANCE_NS) {
+      pool.glance_at = now;
+      want = glance(threads, want);
+    }
+    return want;
+  }
   busy = busy_seconds();
   self = own_seconds();
   if (busy >= 0 && self >= 0 && pool.load_at > 0) {
     others = ((busy - pool.load_busy) - (self - pool.load_self)) / ((double)(now - pool.load_at) / 1e9);
     taken = others > EP_OTHERS_MARGIN ? (int)(others + 1.0 - EP_OTHERS_MARGIN) : 0;
     want = threads_available(threads, taken);
+    ++pool.load_intervals;
   } else if (busy < 0) {
     want = threads;
-  } else if ((taken = others_running()) >= 0) {
-    want = threads_available(threads, taken);
+  } else {
+    pool.glance_at = now;
+    want = glance(threads, want);
   }
   pool.load_at = now;
   pool.load_busy = busy;
