@@ -16,6 +16,9 @@ bias, the activation, the next ``quantize``) stays as it was. Matrix products (G
 FULLY_CONNECTED) are rewritten the same way. Weights with a zero point other than 0 and inputs quantized
 per channel keep the float form.
 
+Integer products whose weights were widened on import (ONNX's ConvInteger, MatMulInteger and QLinearConv
+subtract the zero points in int32) take their weights back as 8-bit constants.
+
 An 8-bit average pool that TVM's TFLite importer computes as an integer sum divided by the count
 (truncated: up to one step low) rounds to nearest instead, as LiteRT's kernels do.
 """
@@ -24,12 +27,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgepack.backends.relax_exprs import const_value, dtype_of, static_shape
+from edgepack.backends.relax_exprs import const_value, dtype_of, op_name, static_shape
 
 
 def _scalar(const) -> float | int | None:
     value = const_value(const)
     return value.reshape(-1)[0].item() if value is not None and value.size == 1 else None
+
+
+def narrow_integers(values: np.ndarray) -> np.ndarray | None:
+    """Integer ``values`` of a wider type as int8 (or uint8) where they fit, else None."""
+    if values.dtype.kind not in "iu" or values.dtype.itemsize == 1 or not values.size:
+        return None
+    for dtype in (np.int8, np.uint8):
+        info = np.iinfo(dtype)
+        if info.min <= values.min() and values.max() <= info.max:
+            return values.astype(dtype)
+    return None
 
 
 def integer_products():
@@ -148,12 +162,36 @@ def integer_products():
                                       layout=attrs.layout, out_layout=attrs.out_layout)
         return relax.op.astype(relax.op.round(mean), dtype_of(expr))
 
+    wide_weights = is_const()
+    narrow_weights = is_const()
+    widened_weights = is_op("relax.astype")(narrow_weights)
+    wide_conv = is_op("relax.nn.conv2d")(wildcard(), wide_weights | widened_weights)
+    wide_matmul = is_op("relax.matmul")(wildcard(), wide_weights | widened_weights)
+
+    def rewrite_wide_weights(expr, matches):
+        """An int32 product with int32 constant weights that fit in 8 bits (ONNX's ConvInteger, MatMulInteger,
+        QLinearConv widen their weights on import) on the 8-bit constant: a quarter of the library."""
+        if matches.get(widened_weights) is not None:  # int32(an 8-bit constant), as the importer left it
+            weights = const_value(matches[narrow_weights]).astype(np.int32)
+        else:
+            weights = const_value(matches[wide_weights])
+        narrow = narrow_integers(weights) if weights is not None and dtype_of(expr) == "int32" else None
+        if narrow is None or dtype_of(expr.args[0]) != "int32":
+            return expr
+        if op_name(expr) == "relax.matmul":
+            return relax.op.matmul(expr.args[0], relax.const(narrow), out_dtype="int32")
+        a = expr.attrs
+        return relax.op.nn.conv2d(expr.args[0], relax.const(narrow), strides=a.strides, padding=a.padding,
+                                  dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
+                                  kernel_layout=a.kernel_layout, out_layout=a.out_layout, out_dtype="int32")
+
     @tvm.transform.module_pass(opt_level=0, name="EdgepackIntegerProducts")
     def _pass(mod, _ctx):
         for gvar, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
                 func = rewrite_call(requantized, rewrite_requantized, func)
                 func = rewrite_call(product, rewrite_product, func)
+                func = rewrite_call(wide_conv | wide_matmul, rewrite_wide_weights, func)
                 mod[gvar] = rewrite_call(int_pool, rewrite_pool, func)
         return mod
 

@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
-from edgepack.frontends.onnx_ops.common import _dtype, _opt, _rank, _shape
+from edgepack.frontends.onnx_ops.common import _const_value, _dtype, _opt, _rank, _shape
 from edgepack.frontends.onnx_ops.quantization import dynamic_quantize, integer_matmul_to_float
 from edgepack.frontends.onnx_ops.recurrent import LSTM
 from edgepack.frontends.onnx_ops.registry import register
@@ -182,6 +182,9 @@ class DynamicQuantizeLSTM(LSTM):
     def direction_weights(cls, bb, inputs, d):
         def part(weights, scale, zero):
             def pick(e):
+                value = _const_value(e)  # constant weights sliced here (kept 8-bit: ``backends/integer.py``)
+                if value is not None:
+                    return relax.const(value[d])
                 return bb.normalize(relax.op.squeeze(relax.op.strided_slice(e, [0], [d], [d + 1]), [0]))
 
             return pick(weights), pick(scale), pick(zero) if zero is not None else None

@@ -21,6 +21,13 @@ from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_BITS, SUBBYTE_CONTAINER
 def _minus_zero_point(x, zp, axis_shape=None):
     """int32(x) - zp. A constant zero point is folded here (none subtracted where it is 0), so that the
     CPU's 8-bit kernels (``backends/cpu/dot_product.py``) find ``int32(x) - constant`` and constant weights."""
+    constant = _const_value(x)
+    if constant is not None and (zp is None or _const_value(zp) is not None):  # weights: folded here, and
+        # ``backends/integer.py`` keeps them as the 8-bit constants they fit in
+        z = _const_value(zp).astype(_np.int32) if zp is not None else _np.int32(0)
+        if axis_shape is not None:
+            z = z.reshape(axis_shape)
+        return relax.const(constant.astype(_np.int32) - z, "int32")
     x32 = relax.op.astype(x, "int32")
     if zp is None:
         return x32
@@ -83,6 +90,15 @@ def integer_matmul_to_float(bb, a, a_zp, b, b_zp, scale, bias=None):
     acc = relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp, b_axis), out_dtype="int32")
     y = relax.op.astype(acc, "float32") * scale
     return y if bias is None else y + bias
+
+
+@register("MatMulInteger")
+class MatMulInteger(OnnxOpConverter):
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        a, b, a_zp, b_zp = (list(inputs) + [None] * 4)[:4]
+        b_axis = [_shape(b_zp)[0]] if b_zp is not None and _rank(b_zp) == 1 and _shape(b_zp)[0] > 1 else None
+        return relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp, b_axis), out_dtype="int32")
 
 
 @register("QLinearMatMul")
