@@ -163,18 +163,13 @@ def integer_products():
         return relax.op.astype(relax.op.round(mean), dtype_of(expr))
 
     wide_weights = is_const()
-    narrow_weights = is_const()
-    widened_weights = is_op("relax.astype")(narrow_weights)
-    wide_conv = is_op("relax.nn.conv2d")(wildcard(), wide_weights | widened_weights)
-    wide_matmul = is_op("relax.matmul")(wildcard(), wide_weights | widened_weights)
+    wide_conv = is_op("relax.nn.conv2d")(wildcard(), wide_weights)
+    wide_matmul = is_op("relax.matmul")(wildcard(), wide_weights)
 
     def rewrite_wide_weights(expr, matches):
         """An int32 product with int32 constant weights that fit in 8 bits (ONNX's ConvInteger, MatMulInteger,
         QLinearConv widen their weights on import) on the 8-bit constant: a quarter of the library."""
-        if matches.get(widened_weights) is not None:  # int32(an 8-bit constant), as the importer left it
-            weights = const_value(matches[narrow_weights]).astype(np.int32)
-        else:
-            weights = const_value(matches[wide_weights])
+        weights = const_value(matches[wide_weights])
         narrow = narrow_integers(weights) if weights is not None and dtype_of(expr) == "int32" else None
         if narrow is None or dtype_of(expr.args[0]) != "int32":
             return expr

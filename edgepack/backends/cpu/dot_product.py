@@ -30,6 +30,7 @@ import numpy as np
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
 from edgepack.backends.cpu.schedules.dot_product import DOT_PRODUCT_ATTR, DotProduct, dot_product_of
 from edgepack.backends.cpu.schedules.machine import CpuInfo
+from edgepack.backends.integer import narrow_integers
 from edgepack.backends.relax_exprs import as_ints, bound_value, const_value, dtype_of, op_name, static_shape
 
 OUT_ELEMWISE_FUSABLE = 4  # TVM's OpPatternKind kOutEWiseFusable
@@ -152,11 +153,9 @@ def dot_product_convolutions(cpu: CpuInfo):
 
 
 def as_int8(weight: np.ndarray) -> np.ndarray:
-    """Integer weights widened on import (ONNX's QLinearConv: int32) back in 8 bits where they fit."""
-    if weight.dtype.kind == "i" and weight.dtype != np.int8 and weight.size \
-            and -128 <= weight.min() and weight.max() <= 127:
-        return weight.astype(np.int8)
-    return weight
+    """Integer weights widened on import (ONNX's QLinearConv: int32) back in int8 where they fit."""
+    narrow = narrow_integers(weight)
+    return narrow if narrow is not None and narrow.dtype == np.int8 else weight
 
 
 def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):

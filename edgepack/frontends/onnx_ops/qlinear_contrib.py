@@ -152,7 +152,7 @@ class MatMulIntegerToFloat(OnnxOpConverter):
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         a, b, a_s, b_s = inputs[:4]
-        return integer_matmul_to_float(bb, a, _opt(inputs, 4), b, _opt(inputs, 5), a_s * b_s, _opt(inputs, 6))
+        return integer_matmul_to_float(a, _opt(inputs, 4), b, _opt(inputs, 5), a_s * b_s, _opt(inputs, 6))
 
 
 @register("DynamicQuantizeMatMul")
@@ -164,7 +164,7 @@ class DynamicQuantizeMatMul(OnnxOpConverter):
     def _impl_v1(cls, bb, inputs, attr, params):
         a, b, b_s = inputs[:3]
         a_q, a_s, a_z = dynamic_quantize(bb, a)
-        return integer_matmul_to_float(bb, a_q, a_z, b, _opt(inputs, 3), a_s * b_s, _opt(inputs, 4))
+        return integer_matmul_to_float(a_q, a_z, b, _opt(inputs, 3), a_s * b_s, _opt(inputs, 4))
 
 
 @register("DynamicQuantizeLSTM")
@@ -195,7 +195,7 @@ class DynamicQuantizeLSTM(LSTM):
     def times(cls, bb, a, weights):
         w, w_s, w_z = weights
         a_q, a_s, a_z = dynamic_quantize(bb, a)
-        return bb.normalize(integer_matmul_to_float(bb, a_q, a_z, w, w_z, a_s * w_s))
+        return bb.normalize(integer_matmul_to_float(a_q, a_z, w, w_z, a_s * w_s))
 
     @classmethod
     def hidden_size(cls, w) -> int:

@@ -82,13 +82,16 @@ class DynamicQuantizeLinear(OnnxOpConverter):
         return relax.Tuple(list(dynamic_quantize(bb, inputs[0])))
 
 
-def integer_matmul_to_float(bb, a, a_zp, b, b_zp, scale, bias=None):
-    """float(sum of (a - a_zp)(b - b_zp) in int32) * scale (+ bias): how ONNX Runtime's dynamically quantized
-    products (MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM) compute; ``b``'s zero point
-    per column where it is 1-D."""
+def integer_matmul(a, a_zp, b, b_zp):
+    """The int32 sum of (a - a_zp)(b - b_zp) (MatMulInteger); ``b``'s zero point per column where it is 1-D."""
     b_axis = [_shape(b_zp)[0]] if b_zp is not None and _rank(b_zp) == 1 and _shape(b_zp)[0] > 1 else None
-    acc = relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp, b_axis), out_dtype="int32")
-    y = relax.op.astype(acc, "float32") * scale
+    return relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp, b_axis), out_dtype="int32")
+
+
+def integer_matmul_to_float(a, a_zp, b, b_zp, scale, bias=None):
+    """float(:func:`integer_matmul`) * scale (+ bias): how ONNX Runtime's dynamically quantized products
+    (MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM) compute."""
+    y = relax.op.astype(integer_matmul(a, a_zp, b, b_zp), "float32") * scale
     return y if bias is None else y + bias
 
 
@@ -97,8 +100,7 @@ class MatMulInteger(OnnxOpConverter):
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
         a, b, a_zp, b_zp = (list(inputs) + [None] * 4)[:4]
-        b_axis = [_shape(b_zp)[0]] if b_zp is not None and _rank(b_zp) == 1 and _shape(b_zp)[0] > 1 else None
-        return relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp, b_axis), out_dtype="int32")
+        return integer_matmul(a, a_zp, b, b_zp)
 
 
 @register("QLinearMatMul")
@@ -106,7 +108,7 @@ class QLinearMatMul(OnnxOpConverter):
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
         a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = (inputs + [None] * 8)[:8]
-        acc = relax.op.matmul(_minus_zero_point(a, a_zp), _minus_zero_point(b, b_zp), out_dtype="int32")
+        acc = integer_matmul(a, a_zp, b, b_zp)
         factor = a_s * b_s / y_s
         out_dtype = _dtype(y_zp) if y_zp is not None else _dtype(a)
         return _requantize(bb, acc, factor, y_zp, out_dtype)

@@ -396,18 +396,18 @@ static int others_running(void) {
   return running > own ? running - own : 0;
 }
 
-/* others_running(), the fewest of a few looks 50 us apart: another app's busy thread is running at every
-   look, a short-lived task (or one of this process's threads between running and sleeping as the pool
-   starts, read at two moments) at few (on a quiet machine, one look in ten saw one more). */
-static int others_running_steadily(void) {
+/* The fewest others_running() of `first` (a look already taken, > 0) and more looks 50 us apart, up to
+   EP_LOAD_LOOKS in all: another app's busy thread is running at every look, a short-lived task (or one of
+   this process's threads between running and sleeping as the pool starts, read at two moments) at few (on
+   a quiet machine, one look in ten saw one more). */
+static int others_running_steadily(int first) {
   struct timespec pause = {0, 50000};
-  int look, seen, fewest = -1;
-  for (look = 0; look < EP_LOAD_LOOKS; ++look) {
-    if (look > 0) nanosleep(&pause, NULL);
+  int look, seen, fewest = first;
+  for (look = 1; look < EP_LOAD_LOOKS && fewest > 0; ++look) {
+    nanosleep(&pause, NULL);
     seen = others_running();
     if (seen < 0) return fewest;
-    if (fewest < 0 || seen < fewest) fewest = seen;
-    if (fewest == 0) break;
+    if (seen < fewest) fewest = seen;
   }
   return fewest;
 }
@@ -430,7 +430,7 @@ static int threads_available(int threads, int taken) {
 static int glance(int threads, int want) {
   int taken = others_running();
   if (taken < 0) return want;
-  if (taken > 0 && want == threads) taken = others_running_steadily();
+  if (taken > 0 && want == threads) taken = others_running_steadily(taken);
   return taken < 0 ? want : threads_available(threads, taken);
 }
 
