@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgepack.backends import backend_for, target_dict
-from edgepack.errors import ToolchainError, first_line
+from edgepack.dims import Dims, parse_dims
+from edgepack.errors import ShapeError, ToolchainError, first_line
 from edgepack.files import atomic_directory, check_output_dir
 from edgepack.frontends import ImportedModel, import_model
 from edgepack.manifest import BUILD_TUNING, DEVICE_LIBRARY, DEVICE_META, HOST_LIBRARY, Artifact, BuildManifest
@@ -37,7 +38,7 @@ from edgepack.processing import (
 )
 from edgepack.profiles import Profile, get_profile, require_supported
 from edgepack.progress import Progress, reporter
-from edgepack.tensors import Shape, TensorSpec
+from edgepack.tensors import Dim, TensorSpec
 from edgepack.toolchain.compilers import Compilers, find_compilers
 from edgepack.toolchain.model_library import RUNTIME_DIM, export_model_shared, model_meta_text
 from edgepack.tuning.records import apply_tuning, write_best_records
@@ -68,7 +69,8 @@ def compile_model(
     profile: Profile | str,
     output_dir: Path | str,
     *,
-    input_shapes: dict[str, Shape] | None = None,
+    input_shapes: dict[str, tuple[Dim, ...]] | None = None,
+    dims: Dims | list[str] | None = None,
     force: bool = False,
     ndk: str | None = None,
     tuning: Path | str | None = None,
@@ -78,7 +80,9 @@ def compile_model(
 ) -> CompileResult:
     """Compile ``model`` (.onnx or .tflite) for ``profile`` into the build directory ``output_dir``.
 
-    ``input_shapes`` fixes dynamic input dimensions (``{"x": (1, 3, 224, 224)}``); ``tuning`` is a
+    ``input_shapes`` fixes dynamic input dimensions (``{"x": (1, 3, 224, 224)}``), or names those that change
+    at run time (``{"x": (1, 3, 48, "W")}``) whose ranges ``dims`` gives (``["W=32..1280:8"]`` as on the
+    command line, or ``edgepack.dims.DimRange`` by name): one build then runs at every size in range; ``tuning`` is a
     tuning directory (``edgepack.tune``) made for this model, input shapes and target, whose best
     records are applied; ``ndk`` locates the Android NDK for Android profiles.
 
@@ -100,9 +104,14 @@ def compile_model(
     compilers = find_compilers(profile, ndk=ndk)
     backend.preflight(profile, log=say)
 
+    dims = parse_dims(dims) if isinstance(dims, list) else dict(dims or {})
     say(f"Importing {model.name}")
-    imported = import_model(model, input_shapes)
+    imported = import_model(model, input_shapes, dims)
     model_outputs = output_specs(imported)
+    if dims and (pre or post):
+        raise ShapeError("Compiled-in processing (--preprocess/--postprocess) takes fixed model shapes so far; this"
+                         " build has dimensions that change at run time (--dim).",
+                         "Compile without --dim, or without the processing.")
     plan = plan_processing(pre, post, imported.inputs, model_outputs) if pre or post else None
     device_target = profile.tvm_target()
     applied = None
@@ -123,7 +132,7 @@ def compile_model(
             + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
         device_build = backend.build(program, device_target, records=records)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
-        artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers)
+        artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims)
         artifacts.update({name: Artifact.of(staging, rel)
                           for name, rel in backend.write_artifacts(staging, device_build).items()})
 
@@ -164,14 +173,17 @@ def compile_model(
             tuning=str(Path(tuning).resolve()) if tuning is not None else None,
             extra=backend.manifest_extra(device_build),
             processing=plan.to_dict() if plan else None,
+            dims={name: r.to_dict() for name, r in dims.items()} or None,
         )
         manifest.write(staging)
     return CompileResult(output_dir=output_dir, manifest=manifest)
 
 
-def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers) -> dict[str, Artifact]:
+def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers,
+                          dims: Dims | None = None) -> dict[str, Artifact]:
     """Write device/model.so with the C API's tensor metadata embedded (and device/model.meta)."""
-    meta = model_meta_text(inputs, outputs)
+    ranges = {name: (r.min, r.max, r.step) for name, r in (dims or {}).items()}
+    meta = model_meta_text(inputs, outputs, dims=ranges) if ranges else model_meta_text(inputs, outputs)
     (root / DEVICE_LIBRARY).parent.mkdir(parents=True, exist_ok=True)
     (root / DEVICE_META).write_text(meta)
     # -s: the symbol table and debug info are ~40% of the file and the device never needs them

@@ -9,6 +9,7 @@ from typing import Any
 
 from edgepack.backends import backend_for
 from edgepack.compiling import fusion_ir
+from edgepack.dims import dims_from_dict
 from edgepack.frontends import ModelInfo, import_model, inspect_model
 from edgepack.manifest import read_manifest
 from edgepack.processing import build_program, manifest_plan, model_input_shapes
@@ -25,6 +26,7 @@ class BuildInputsOutputs:
     outputs: tuple[TensorSpec, ...]
     described: dict[str, str]  # processed tensor name -> what it is, in words
     settings: tuple[str, ...]  # the processing as --preprocess / --postprocess values
+    dims: tuple[str, ...] = ()  # the dimensions that change at run time, as --dim values ("W=32..1280")
 
     def to_dict(self) -> dict[str, Any]:
         return {"build_dir": str(self.build_dir), "profile": self.profile,
@@ -32,7 +34,7 @@ class BuildInputsOutputs:
                            for t in self.inputs],
                 "outputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                             for t in self.outputs],
-                "processing": list(self.settings)}
+                "processing": list(self.settings), "dims": list(self.dims)}
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,14 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
         described = {t.name: text for t in (*manifest.inputs, *manifest.outputs)
                      if plan is not None and (text := plan.describe(t.name))}
         build = BuildInputsOutputs(build_dir, manifest.profile_name, manifest.inputs, manifest.outputs, described,
-                                   tuple(s.spec() for s in plan.settings) if plan else ())
+                                   tuple(s.spec() for s in plan.settings) if plan else (),
+                                   tuple(str(r) for r in dims_from_dict(manifest.dims).values()))
         shapes = input_shapes or model_input_shapes(manifest)
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:
             return ModelInspection(info, build=build)
-        program = build_program(import_model(build_dir / manifest.model_file, shapes), manifest,
+        program = build_program(import_model(build_dir / manifest.model_file, shapes, dims_from_dict(manifest.dims)),
+                                manifest,
                                 backend_for(manifest).no_byte_tensors)  # the model with its processing around it
         before, after = fusion_ir(program)
         return ModelInspection(info, before, after, build)

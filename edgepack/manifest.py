@@ -55,6 +55,9 @@ class BuildManifest:
     # pre-/post-processing compiled into the model (edgepack.processing.ProcessingPlan.to_dict); the
     # inputs and outputs above are then the processed program's, the model's own are recorded here
     processing: dict[str, Any] | None = None
+    # the input dimensions that change at run time: {name: {"min", "max", "step"}} (edgepack.dims); the
+    # inputs' shapes name them, and outputs' extents that follow them are "?"
+    dims: dict[str, Any] | None = None
 
     @property
     def profile_name(self) -> str:

@@ -92,8 +92,8 @@ def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[TensorSpec, ...]) -
     checked = {}
     for spec in specs:
         array = np.asarray(arrays[spec.name])
-        want = tuple(int(d) for d in spec.shape)
-        if array.shape != want:
+        want = spec.shape  # a named dimension (a build's --dim) takes any extent; edgepack.dims checks its range
+        if len(array.shape) != len(want) or any(isinstance(w, int) and w != g for w, g in zip(want, array.shape)):
             raise ShapeError(f"Input {spec.name!r} has shape {list(array.shape)}, but the build expects {list(want)}.",
                              "Pass data of the compiled shape, or compile again with a matching --input-shape.")
         if array.dtype != np.dtype(spec.dtype):

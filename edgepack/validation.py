@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from edgepack.degenerate import degeneracy, input_independent
+from edgepack.dims import at_size, check_sizes, dims_from_dict, parse_sizes, sizes_of
 from edgepack.errors import EdgepackError
 from edgepack.frontends import inspect_model
 from edgepack.frontends.reference import reference_outputs
@@ -51,6 +52,7 @@ class ValidationReport:
     outputs: tuple[OutputComparison, ...]
     seconds: float
     inputs: str = ""  # what was fed: "random inputs (seed 0)", "random frames (seed 0) and a test picture", ...
+    sizes: tuple[dict[str, int], ...] = ()  # a build with dims (``--dim``): the sizes it ran at, each compared
 
     @property
     def passed(self) -> bool:
@@ -73,6 +75,7 @@ class ValidationReport:
             "degenerate": self.degenerate,
             "seconds": round(self.seconds, 3),
             "inputs": self.inputs,
+            "sizes": [dict(s) for s in self.sizes],
             "outputs": [asdict(o) | {"shape": list(o.shape)} for o in self.outputs],
         }
 
@@ -116,9 +119,9 @@ def merge(runs: list[tuple[OutputComparison, ...]]) -> tuple[OutputComparison, .
 
 
 def _failed(spec: TensorSpec, problem: str) -> OutputComparison:
-    size = int(np.prod([int(d) for d in spec.shape])) if spec.shape else 1
-    return OutputComparison(spec.name, spec.dtype, tuple(int(d) for d in spec.shape), float("inf"), float("inf"),
-                            size, False, problem)
+    shape = tuple(d if isinstance(d, int) else 0 for d in spec.shape)  # "?": decided at run time
+    size = int(np.prod(shape)) if shape else 1
+    return OutputComparison(spec.name, spec.dtype, shape, float("inf"), float("inf"), size, False, problem)
 
 
 def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: dict[str, np.ndarray],
@@ -167,11 +170,12 @@ def _with_degeneracy(compared: tuple[OutputComparison, ...], references: list[di
 
 
 def _probe(build_dir: Path, manifest: BuildManifest, feeds: dict[str, np.ndarray],
-           seed: int) -> dict[str, np.ndarray] | None:
+           seed: int, size: dict[str, int]) -> dict[str, np.ndarray] | None:
     """The reference's outputs for other seeded inputs than ``feeds`` (None where the model refuses them)."""
-    other = random_inputs(manifest.inputs, seed + 1)
+    specs = at_size(manifest.inputs, size)
+    other = random_inputs(specs, seed + 1)
     if all(np.array_equal(other[k], v) for k, v in feeds.items() if k in other):
-        other = random_inputs(manifest.inputs, seed + 2)
+        other = random_inputs(specs, seed + 2)
     try:
         return reference_outputs(build_dir / manifest.model_file, manifest.model_format, other)
     except EdgepackError:
@@ -188,6 +192,7 @@ def validate(
     rtol: float = DEFAULT_RTOL,
     inventory: Path | str | None = None,
     threads: int | None = None,
+    sizes: dict[str, int] | list[str] | None = None,
     progress: Progress | None = None,
 ) -> ValidationReport:
     """Run the build ``on`` a place and compare every output with the reference runtime.
@@ -199,6 +204,10 @@ def validate(
     output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch.
     ``threads``: CPU threads for the build's parallel kernels (None: ``$TVM_NUM_THREADS``, else every core).
 
+    A build whose inputs have dimensions that change at run time (``compile --dim``) runs at several sizes
+    (``edgepack.dims.check_sizes``: each dim at its smallest, largest, and odd sizes between), each compared;
+    ``sizes`` (``{"W": 417}`` or ``["W=417"]``) runs it at one size instead.
+
     A build with processing is compared with an independent reference: the pre-processing as an ONNX
     graph on ONNX Runtime, the original model on its reference runtime, the post-processing in NumPy
     (``edgepack.processing.reference``).
@@ -207,18 +216,28 @@ def validate(
     manifest = read_manifest(build_dir)
     place = parse_place(on, inventory)
     plan = manifest_plan(manifest)
+    dims = dims_from_dict(manifest.dims)
+    if isinstance(sizes, list) or (sizes is None and not dims):
+        sizes = parse_sizes(sizes, dims)
+    elif sizes is not None:
+        sizes = parse_sizes([f"{k}={v}" for k, v in sizes.items()], dims)
+    at = [sizes] if sizes is not None else check_sizes(dims)  # [{}] for a build with fixed shapes
     if inputs is None:
         if plan is None:
-            runs, fed = [random_inputs(manifest.inputs, seed)], f"random inputs (seed {seed})"
+            runs = [random_inputs(at_size(manifest.inputs, size), seed) for size in at]
+            fed = f"random inputs (seed {seed})" + (f" at {len(at)} sizes" if len(at) > 1 else "")
         elif plan.frames:
             runs, fed = [random_frames(plan, seed), picture_frames(plan, seed)], \
                 f"random frames (seed {seed}) and a test picture"
         else:
             runs, fed = [random_frames(plan, seed)], f"random inputs (seed {seed})"
     elif isinstance(inputs, dict):
-        runs, fed = [check_inputs(inputs, manifest.inputs)], "the given arrays"
+        at = [sizes_of(inputs, manifest.inputs, dims)]
+        runs, fed = [check_inputs(inputs, at_size(manifest.inputs, at[0]))], "the given arrays"
     else:
-        runs, fed = [load_inputs(Path(inputs), manifest.inputs)], f"inputs from {inputs}"
+        arrays = load_inputs(Path(inputs), manifest.inputs)
+        at = [sizes_of(arrays, manifest.inputs, dims)]
+        runs, fed = [arrays], f"inputs from {inputs}"
     steps = inspect_model(build_dir / manifest.model_file).output_steps if plan is None else {}
     started = time.perf_counter()
     compared = []
@@ -236,9 +255,10 @@ def validate(
             expected = dict(zip(reference_run.names, reference_run.expected(actual, atol, rtol)))
         references.append(expected)
         compared.append(compare_outputs(manifest.outputs, ran, expected, atol, rtol, steps))
-    probe = _probe(build_dir, manifest, runs[0], seed) if plan is None and len(runs) == 1 else None
+    probe = _probe(build_dir, manifest, runs[0], seed, at[0]) if plan is None and len(runs) == 1 else None
     reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
     if plan is not None:
         reference += " with the processing as ONNX (pre) and NumPy (post)"
     outputs = _with_degeneracy(merge(compared), references, probe, atol, rtol)
-    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, outputs, time.perf_counter() - started, fed)
+    return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, outputs, time.perf_counter() - started, fed,
+                            tuple(a for a in at if a) if dims else ())

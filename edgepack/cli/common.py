@@ -12,7 +12,14 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JS
 InputShapeOption = Annotated[
     list[str] | None,
     typer.Option("--input-shape", "-s", metavar="NAME:D0,D1,...",
-                 help="Fix a dynamic input's shape, e.g. x:1,3,224,224. Repeat for several inputs."),
+                 help="Fix a dynamic input's shape, e.g. x:1,3,224,224; a dimension may name a --dim range "
+                      "(x:1,3,48,W). Repeat for several inputs."),
+]
+DimOption = Annotated[
+    list[str] | None,
+    typer.Option("--dim", metavar="NAME=MIN..MAX[:STEP]",
+                 help="A dimension that changes at run time, named in --input-shape: the build runs at every size "
+                      "from MIN to MAX (in STEPs), e.g. --dim W=32..1280 or --dim H=320..640:32. Repeat per name."),
 ]
 InventoryOption = Annotated[
     Path | None,

@@ -12,7 +12,7 @@ import typer
 import edgepack
 from edgepack.cli import common, render
 from edgepack.cli.android import package_android_command
-from edgepack.cli.common import InputShapeOption, JsonOption, ThreadsOption, print_json
+from edgepack.cli.common import DimOption, InputShapeOption, JsonOption, ThreadsOption, print_json
 from edgepack.cli.devices import bench, device_app, farm_app
 from edgepack.cli.tuning import tune, tuning_app
 from edgepack.doctor import run_checks
@@ -82,6 +82,7 @@ def compile_(
     profile: Annotated[str, typer.Option("--profile", "-p", help="Device profile (see `edgepack profiles`).")] = "rpi4",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Build directory \\[default: build/PROFILE].")] = None,
     input_shape: InputShapeOption = None,
+    dim: DimOption = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
     ndk: Annotated[str | None, typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
     tuning: Annotated[Path | None, typer.Option("--tuning", help="Apply the best records of a tuning directory (`edgepack tune`).")] = None,
@@ -107,7 +108,7 @@ def compile_(
     output = output or Path("build") / profile
     with render.steps(quiet=as_json) as step:
         result = edgepack.compile(model, profile, output, input_shapes=edgepack.parse_input_shapes(input_shape),
-                                  force=force, ndk=ndk, tuning=tuning, preprocess=preprocess, postprocess=postprocess,
+                                  dims=dim or None, force=force, ndk=ndk, tuning=tuning, preprocess=preprocess, postprocess=postprocess,
                                   progress=step)
     packaged = None
     if bundle == "c":
@@ -134,6 +135,7 @@ def validate(
     atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-4,
     rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-3,
     threads: ThreadsOption = None,
+    size: Annotated[list[str] | None, typer.Option("--size", metavar="NAME=VALUE", help="A build with --dim ranges: run at this size only (repeat per dim) \\[default: each dim at its smallest, largest and three sizes between].")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run a build and compare every output with ONNX Runtime / LiteRT. Exits 1 on mismatch.
@@ -143,7 +145,7 @@ def validate(
     with render.steps(quiet=as_json) as step:
         step(f"Running {build} on {on} and the reference")
         report = edgepack.validate(build, on, inputs=inputs, seed=seed, atol=atol, rtol=rtol, inventory=inventory,
-                                   threads=threads, progress=step)
+                                   threads=threads, sizes=size or None, progress=step)
     if as_json:
         print_json(report.to_dict())
     else:

@@ -103,6 +103,8 @@ def build_program(build) -> None:
     console.print(table)
     for setting in build.settings:
         console.print(f"  compiled in: {escape(setting)}", highlight=False)
+    for dim in build.dims:
+        console.print(f"  runs at every size {escape(dim)} (one program; '?' output extents follow it)", highlight=False)
 
 
 def model_info(info, ir_text=None) -> None:
@@ -153,6 +155,9 @@ def compile_summary(result) -> None:
         for spec in specs:
             note = f"\n  {escape(described[spec.name])}" if spec.name in described else ""
             table.add_row(kind, f"{spec.name} {spec.dtype} {_shape(spec.shape)}{note}")
+    for name, r in (m.dims or {}).items():
+        step = f" in steps of {r['step']}" if r["step"] != 1 else ""
+        table.add_row("dim", f"{name} from {r['min']} to {r['max']}{step} (memory planned for {r['max']})")
     for key, art in m.artifacts.items():
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
     backend = backend_for(m)
@@ -174,6 +179,10 @@ def validation_report(report) -> None:
         table.add_row(o.name, _shape(o.shape), f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
                       str(o.mismatched), "[green]PASS[/]" if o.passed else "[bold red]FAIL[/]")
     console.print(table)
+    if report.sizes:
+        console.print("sizes run (each compared; errors above are the largest of them): "
+                      + "; ".join(", ".join(f"{k}={v}" for k, v in size.items()) for size in report.sizes),
+                      highlight=False)
     for o in report.outputs:
         if o.step is not None:
             console.print(f"{o.name}: quantized, values within one step ({o.step:.3g}) of the reference pass",

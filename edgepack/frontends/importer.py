@@ -10,7 +10,8 @@ from edgepack.errors import ModelError, ShapeError, first_line
 from edgepack.frontends.onnx import import_onnx, inspect_onnx
 from edgepack.frontends.tflite import import_tflite, inspect_tflite
 from edgepack.frontends.types import ImportedModel, ModelInfo, format_shape
-from edgepack.tensors import ModelFormat, Shape, TensorSpec
+from edgepack.dims import Dims, dims_used, is_dim_name
+from edgepack.tensors import Dim, ModelFormat, TensorSpec
 
 
 def detect_format(path: Path) -> ModelFormat:
@@ -36,29 +37,34 @@ def inspect_model(path: Path | str) -> ModelInfo:
     return inspect_onnx(path) if fmt == "onnx" else inspect_tflite(path)
 
 
-def parse_input_shapes(specs: list[str] | None) -> dict[str, Shape]:
-    """Parse ``NAME:1,3,224,224`` strings (the CLI's ``--input-shape``)."""
-    shapes: dict[str, Shape] = {}
+def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[Dim, ...]]:
+    """Parse ``NAME:1,3,224,224`` strings (the CLI's ``--input-shape``); a dimension may name a ``--dim``
+    (``x:1,3,48,W``)."""
+    shapes: dict[str, tuple[Dim, ...]] = {}
     for spec in specs or []:
         name, sep, dims = spec.rpartition(":")
         try:
             if not sep or not name:
                 raise ValueError
-            shape = tuple(int(d) for d in dims.split(",") if d.strip())
-            if not shape or any(d <= 0 for d in shape):
+            shape = tuple(d.strip() if is_dim_name(d.strip()) else int(d) for d in dims.split(",") if d.strip())
+            if not shape or any(isinstance(d, int) and d <= 0 for d in shape):
                 raise ValueError
         except ValueError:
             raise ShapeError(
                 f"Cannot read input shape {spec!r}.",
-                "Write it as NAME:D0,D1,... with positive integers, e.g. --input-shape x:1,3,224,224.",
+                "Write it as NAME:D0,D1,... with positive integers, or names of --dim ranges for the dimensions"
+                " that change at run time, e.g. --input-shape x:1,3,224,224 or --input-shape x:1,3,48,W --dim W=32..1280.",
             ) from None
         shapes[name] = shape
     return shapes
 
 
-def resolve_input_shapes(info: ModelInfo, overrides: dict[str, Shape] | None) -> tuple[TensorSpec, ...]:
-    """Static input specs: the model's shapes with ``overrides`` applied, or a ShapeError."""
+def resolve_input_shapes(info: ModelInfo, overrides: dict[str, tuple[Dim, ...]] | None,
+                         dims: Dims | None = None) -> tuple[TensorSpec, ...]:
+    """Input specs: the model's shapes with ``overrides`` applied, or a ShapeError. Dimensions may name a range
+    of ``dims``; every other dimension is fixed."""
     overrides = dict(overrides or {})
+    dims = dict(dims or {})
     names = [t.name for t in info.inputs]
     unknown = sorted(set(overrides) - set(names))
     if unknown:
@@ -77,6 +83,10 @@ def resolve_input_shapes(info: ModelInfo, overrides: dict[str, Shape] | None) ->
                     f"Give {len(spec.shape)} dimensions.",
                 )
             for i, (want, got) in enumerate(zip(spec.shape, shape)):
+                if isinstance(got, str) and got not in dims:
+                    raise ShapeError(
+                        f"--input-shape {spec.name}:{','.join(map(str, shape))} names the dimension {got}, which has"
+                        " no range.", f"Give its range with --dim, e.g. --dim {got}=32..1024.")
                 if isinstance(want, int) and want != got:
                     raise ShapeError(
                         f"Input {spec.name!r} has a fixed dimension {i} of {want}, but --input-shape gives {got}.",
@@ -87,6 +97,10 @@ def resolve_input_shapes(info: ModelInfo, overrides: dict[str, Shape] | None) ->
             resolved.append(spec)
         else:
             dynamic.append(spec)
+    unused = sorted(set(dims) - set(dims_used(tuple(resolved))))
+    if unused:
+        raise ShapeError(f"--dim {', '.join(unused)} is not used by any --input-shape.",
+                         "Name it in the input's shape, e.g. --input-shape x:1,3,48," + unused[0] + ".")
     if dynamic:
         listing = "; ".join(
             f"{s.name} {format_shape(s.shape)} (dynamic: {', '.join(f'dim {i}' for i in s.dynamic_dims)})"
@@ -98,25 +112,32 @@ def resolve_input_shapes(info: ModelInfo, overrides: dict[str, Shape] | None) ->
         )
         raise ShapeError(
             f"The model has dynamic input dimensions: {listing}.",
-            f"Fix them with --input-shape, e.g. {example}",
+            f"Fix them with --input-shape, e.g. {example}; or name the ones that change at run time and give"
+            " their range, e.g. --input-shape x:1,3,48,W --dim W=32..1280.",
         )
     return tuple(resolved)
 
 
-def import_model(path: Path | str, input_shapes: dict[str, Shape] | None = None) -> ImportedModel:
-    """Import the model into a Relax IRModule with static input shapes."""
+def import_model(path: Path | str, input_shapes: dict[str, tuple[Dim, ...]] | None = None,
+                 dims: Dims | None = None) -> ImportedModel:
+    """Import the model into a Relax IRModule with the given input shapes: static, or with dimensions that
+    name a range of ``dims`` (symbolic in the program, which is planned for their largest sizes)."""
     info = inspect_model(path)
     require_supported_operators(info)
-    inputs = resolve_input_shapes(info, input_shapes)
+    inputs = resolve_input_shapes(info, input_shapes, dims)
+    if dims and info.format != "onnx":
+        raise ShapeError(f"{info.path.name}: dimensions that change at run time (--dim) work for ONNX models;"
+                         " TFLite models are compiled at fixed shapes so far.",
+                         "Drop --dim and fix the shape with --input-shape (one build per size).")
     try:
-        mod = import_onnx(info, inputs) if info.format == "onnx" else import_tflite(info, inputs)
+        mod = import_onnx(info, inputs, dims) if info.format == "onnx" else import_tflite(info, inputs)
     except Exception as exc:  # TVM's frontends raise anything from OpNotImplemented to KeyError
         raise ModelError(
             f"TVM's {info.format.upper()} importer failed on {info.path.name}: {first_line(exc)}",
             "This operator configuration is not supported yet; `edgepack inspect` lists the operators."
             " Please report it with the model attached.",
         ) from exc
-    return ImportedModel(info=info, mod=mod, inputs=inputs)
+    return ImportedModel(info=info, mod=mod, inputs=inputs, dims=dict(dims or {}))
 
 
 def require_supported_operators(info: ModelInfo) -> None:

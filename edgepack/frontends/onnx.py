@@ -13,6 +13,7 @@ from pathlib import Path
 from edgepack.errors import ModelError, first_line
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ModelInfo
+from edgepack.dims import Dims, dims_used
 from edgepack.tensors import Dim, TensorSpec
 
 
@@ -88,24 +89,46 @@ def _onnx_op_name(node) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
-def import_onnx(info: ModelInfo, inputs: tuple[TensorSpec, ...]):
+def import_onnx(info: ModelInfo, inputs: tuple[TensorSpec, ...], dims: Dims | None = None):
+    """The model as a Relax IRModule; a dimension named in ``inputs`` is a symbolic variable of ``main``
+    whose largest value (``dims``) plans its memory."""
     from edgepack.frontends.onnx_ops import from_onnx  # TVM's frontend with edgepack's converters
 
     static = load_onnx(info.path)
     folded = _fold_onnx_constants(static, inputs)  # also fixes the input shapes of ``static``
-    kwargs = {"shape_dict": {t.name: list(t.shape) for t in inputs},
+    variables = symbolic_dims(inputs)
+    kwargs = {"shape_dict": {t.name: [variables.get(d, d) for d in t.shape] for t in inputs},
               "dtype_dict": {t.name: t.dtype for t in inputs}, "opset": info.opset}
     try:
-        return from_onnx(folded, **kwargs)
+        mod = from_onnx(folded, **kwargs)
     except Exception as first:
         if folded is static:
             raise
         # ONNX Runtime inlines function operators it has no kernel for (GroupNormalization-21, ...)
         # into shape arithmetic TVM cannot import; edgepack converts those itself: try the graph as written.
         try:
-            return from_onnx(static, **kwargs)
+            mod = from_onnx(static, **kwargs)
         except Exception:  # noqa: BLE001 - the folded graph's error is the one to report
             raise first from None
+    return with_upper_bounds(mod, dims or {}) if variables else mod
+
+
+def symbolic_dims(inputs: tuple[TensorSpec, ...]) -> dict:
+    """One TIR variable per dimension name the input shapes use."""
+    from tvm import tirx
+
+    return {name: tirx.Var(name, "int64") for name in dims_used(inputs)}
+
+
+def with_upper_bounds(mod, dims: Dims):
+    """``main`` annotated with each dim's largest value, which Relax's memory planning reads
+    (``tir_var_upper_bound``), and as non-negative (``tir_non_negative_var``)."""
+    main = mod["main"]
+    names = [name for name in dims]
+    main = main.with_attr("tir_var_upper_bound", {name: dims[name].max for name in names})
+    main = main.with_attr("tir_non_negative_var", names)
+    mod["main"] = main
+    return mod
 
 
 def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
@@ -133,7 +156,10 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
             dims = value.type.tensor_type.shape.dim
             for dim, size in zip(dims, shapes[value.name]):
                 dim.Clear()
-                dim.dim_value = int(size)
+                if isinstance(size, str):
+                    dim.dim_param = size  # changes at run time: ONNX Runtime folds what does not depend on it
+                else:
+                    dim.dim_value = int(size)
     # With the static shapes first; if ONNX Runtime rejects that (shape inference of an If branch that
     # cannot run for these shapes, e.g. Silero VAD), with the model's own input shapes: that still
     # folds the constant-only chains (pads, axes) that TVM's importer needs constant.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgepack.dims import Dims
 from edgepack.tensors import ModelFormat, TensorSpec
 
 
@@ -54,7 +55,8 @@ class ModelInfo:
 class ImportedModel:
     info: ModelInfo
     mod: Any  # tvm.IRModule
-    inputs: tuple[TensorSpec, ...]  # static shapes, in the order of the Relax main function
+    inputs: tuple[TensorSpec, ...]  # in the order of the Relax main function; a str dimension names one of dims
+    dims: Dims = field(default_factory=dict)  # the ranges of the dimensions that change at run time
 
 
 

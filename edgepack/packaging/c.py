@@ -32,6 +32,7 @@ import numpy as np
 from edgepack.backends import backend_for
 from edgepack.errors import EdgepackError
 from edgepack.files import atomic_directory, check_output_dir, file_sha256
+from edgepack.dims import dims_from_dict
 from edgepack.frontends import import_model
 from edgepack.manifest import BUILD_TUNING, read_manifest
 from edgepack.packaging.c_header import HEADER, model_header
@@ -121,7 +122,8 @@ def package_c(
         static_lib = None
         if backend.static_bundle:
             say("Building the static model library (system library)")
-            imported = import_model(build_dir / manifest.model_file, model_input_shapes(manifest))
+            imported = import_model(build_dir / manifest.model_file, model_input_shapes(manifest),
+                                    dims_from_dict(manifest.dims))
             records = None
             if (build_dir / BUILD_TUNING).is_dir():  # the same kernels as the shared library
                 say("Applying the build's tuning records")

@@ -7,6 +7,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from edgepack.dims import dims_from_dict
 from edgepack.manifest import BuildManifest
 from edgepack.processing import manifest_plan
 from edgepack.tensors import TensorSpec
@@ -45,6 +46,13 @@ def model_header(manifest: BuildManifest) -> str:
 
     tensors("Inputs", manifest.inputs)
     tensors("Outputs", manifest.outputs)
+    dims = dims_from_dict(manifest.dims)
+    if dims:
+        lines.append(" *")
+        lines.append(" * Dimensions that change at run time (set each run with ep_model_set_input_typed; an output's '?'")
+        lines.append(" * extents are its shape after the run, ep_model_output_shape):")
+        lines.extend(f" *   {r.name} from {r.min} to {r.max}" + (f" in steps of {r.step}" if r.step != 1 else "")
+                     for r in dims.values())
     if plan is not None:
         lines.append(" *")
         lines.append(" * Compiled in with `edgepack compile` (docs/processing.md):")
@@ -61,6 +69,11 @@ def model_header(manifest: BuildManifest) -> str:
         for i, spec in enumerate(specs):
             lines.append(f"#define EDGEPACK_MODEL_{kind}_{_macro(spec.name)} {i} /* index of {kind.lower()} "
                          f"\"{_comment(spec.name)}\" */")
+    for r in dims.values():
+        lines += ["", f"/* dimension {r.name} of the inputs: any of {r.min}, {r.min} + {r.step}, ... {r.max} */",
+                  f"#define EDGEPACK_MODEL_DIM_{_macro(r.name)}_MIN {r.min}",
+                  f"#define EDGEPACK_MODEL_DIM_{_macro(r.name)}_MAX {r.max}",
+                  f"#define EDGEPACK_MODEL_DIM_{_macro(r.name)}_STEP {r.step}"]
     if plan is not None:
         for frame in plan.frames:
             prefix = f"EDGEPACK_MODEL_{_macro(frame.name)}_FRAME"

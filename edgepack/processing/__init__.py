@@ -43,4 +43,4 @@ def model_input_shapes(manifest: BuildManifest) -> dict[str, tuple[int, ...]]:
     """The input shapes of the build's model itself (what ``import_model`` needs to compile it again)."""
     plan = manifest_plan(manifest)
     specs = plan.model_inputs if plan else manifest.inputs
-    return {t.name: tuple(int(d) for d in t.shape) for t in specs}
+    return {t.name: tuple(d if isinstance(d, str) else int(d) for d in t.shape) for t in specs}  # str: a --dim

@@ -21,6 +21,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from edgepack.frontends.onnx_ops.common import _constant_of
 from edgepack.frontends.onnx_ops.registry import _SUBGRAPH_OPS, convert_map
 from edgepack.frontends.onnx_ops.static_if import StaticIfs
+from edgepack.frontends.onnx_ops.symbolic import agree_operands, shape_arithmetic
 from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
 
 
@@ -214,6 +215,10 @@ class _Importer(_tvm.ONNXGraphImporter):
         if op_name not in self._edgepack_map:
             raise NotImplementedError(f"Operator {op_name} not implemented.")
         converter = self._edgepack_map[op_name].get_converter(opset)
+        shape = shape_arithmetic(op_name, inputs, attrs)
+        if shape is not None:
+            return shape
+        inputs = agree_operands(self.bb, op_name, inputs, attrs)
         sym = converter(self.bb, inputs, attrs, [self._nodes, self._params])
         from tvm import relax
 

@@ -37,6 +37,7 @@ from typing import Any
 from edgepack.backends import backend_for
 from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.files import atomic_directory, check_output_dir
+from edgepack.dims import dims_from_dict
 from edgepack.frontends import import_model
 from edgepack.manifest import read_manifest
 from edgepack.packaging.android.aar import (
@@ -186,7 +187,8 @@ def package_android(
                 say(f"Compiling the model for {abi.name}")
                 if imported is None:
                     imported = build_program(import_model(build_dir / manifest.model_file,
-                                                          model_input_shapes(manifest)),
+                                                          model_input_shapes(manifest),
+                                                          dims_from_dict(manifest.dims)),
                                              manifest, backend.no_byte_tensors)
                 exe = backend.build(imported, _abi_target(profile, abi)).executable
                 model_lib = export_model_shared(exe, tmp / abi.name / "model.so", cxx, meta_text=meta, cc=cc,

@@ -1,0 +1,115 @@
+"""Issue 43: inputs whose size changes at run time. One build (``--input-shape x:1,3,48,W --dim W=32..1280``)
+runs at every size in range, on the host and on the device path (the device library under qemu), each size
+compared with ONNX Runtime; wrong builds and sizes out of range fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_clean_error, run_cli
+from mutation import wrong_build
+
+from edgepack.compiling import compile_model
+from edgepack.dims import DimRange, check_sizes, parse_dims, parse_sizes
+from edgepack.errors import ShapeError
+from edgepack.frontends import parse_input_shapes
+from edgepack.manifest import read_manifest
+from edgepack.validation import validate
+
+REC_DIMS = ["W=32..1280"]
+REC_SHAPE = {"x": (1, 3, 48, "W")}
+
+
+def test_dims_parse_and_the_sizes_checked():
+    dims = parse_dims(["W=32..1280", "H=320..640:32"])
+    assert dims["W"] == DimRange("W", 32, 1280, 1) and dims["H"] == DimRange("H", 320, 640, 32)
+    sizes = check_sizes(dims)
+    assert len(sizes) == 5
+    assert {s["W"] for s in sizes} >= {32, 1280} and {s["H"] for s in sizes} >= {320, 640}
+    assert all(dims[k].takes(v) for s in sizes for k, v in s.items())
+    assert sum(s["W"] % 2 for s in sizes) >= 2  # odd widths: sizes no tile divides
+    assert parse_input_shapes(["x:1,3,48,W"]) == {"x": (1, 3, 48, "W")}
+    assert parse_sizes(["W=417", "H=352"], dims) == {"W": 417, "H": 352}
+    for bad, needle in ((["W=32"], "NAME=MIN..MAX"), (["W=64..32"], "1 <= MIN <= MAX"),
+                        (["H=320..650:32"], "not a multiple of 32"), (["W=1..2", "W=3..4"], "twice")):
+        with pytest.raises(ShapeError, match=needle):
+            parse_dims(bad)
+    with pytest.raises(ShapeError, match="outside the build's range H=320..640:32"):
+        parse_sizes(["W=40", "H=330"], dims)
+    with pytest.raises(ShapeError, match="no value for H"):
+        parse_sizes(["W=40"], dims)
+
+
+@pytest.fixture(scope="module")
+def rec_host(models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dyn") / "rec-host"
+    return compile_model(models["ppocr_rec"].path, "host", out, input_shapes=REC_SHAPE, dims=REC_DIMS).output_dir
+
+
+def test_an_ocr_recognizer_runs_at_every_width_on_the_host(rec_host, models):
+    """PP-OCRv4's SVTR recognizer (attention over the text line's columns): one build, five widths from 32 to
+    1280 and the natural text line (W=160), each within validate's tolerance of ONNX Runtime."""
+    manifest = read_manifest(rec_host)
+    assert manifest.dims == {"W": {"min": 32, "max": 1280, "step": 1}}
+    assert manifest.inputs[0].shape == (1, 3, 48, "W") and manifest.outputs[0].shape == (1, "?", 6625)
+    assert "dim W 32 1280 1" in (rec_host / "device/model.meta").read_text()
+    report = validate(rec_host)
+    assert report.passed, report.to_dict()
+    assert len(report.sizes) == 5 and {s["W"] for s in report.sizes} >= {32, 1280}
+    natural = validate(rec_host, inputs=models["ppocr_rec"].natural)
+    assert natural.passed and not natural.degenerate, natural.to_dict()
+    one = validate(rec_host, sizes=["W=417"])
+    assert one.passed and one.sizes == ({"W": 417},) and one.outputs[0].shape == (1, 52, 6625)
+
+
+def test_sizes_outside_the_range_are_refused(rec_host, tmp_path):
+    result = run_cli("validate", str(rec_host), "--size", "W=20")
+    assert_clean_error(result, "W=20 is outside the build's range W=32..1280")
+    np.savez(tmp_path / "wide.npz", x=np.zeros((1, 3, 48, 2000), np.float32))
+    result = run_cli("validate", str(rec_host), "--inputs", str(tmp_path / "wide.npz"))
+    assert_clean_error(result, "W=2000 is outside the build's range")
+    result = run_cli("validate", str(rec_host), "--size", "H=20")
+    assert_clean_error(result, "--size names H, which is not a dimension of this build")
+
+
+def test_bad_dims_at_compile_are_refused(models, tmp_path):
+    model = str(models["ppocr_rec"].path)
+    result = run_cli("compile", model, "-p", "host", "-o", str(tmp_path / "a"), "--input-shape", "x:1,3,48,W")
+    assert_clean_error(result, "names the dimension W, which has no range", "--dim W=")
+    result = run_cli("compile", model, "-p", "host", "-o", str(tmp_path / "b"), "--input-shape", "x:1,3,48,160",
+                     "--dim", "W=32..64")
+    assert_clean_error(result, "--dim W is not used by any --input-shape")
+    result = run_cli("compile", model, "-p", "host", "-o", str(tmp_path / "c"), "--input-shape", "x:1,3,48,W",
+                     "--dim", "W=64..32")
+    assert_clean_error(result, "is not a range of sizes")
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_a_wrong_dynamic_build_fails_validation(models, tmp_path):
+    """A reduction loop of one convolution one iteration short, in the dynamic build: validate fails."""
+    build = wrong_build(models["ppocr_rec"].path, "host", tmp_path / "wrong", "loop_bound", input_shapes=REC_SHAPE,
+                        dims=["W=32..256"])
+    report = validate(build)
+    assert not report.passed and len(report.sizes) == 5
+
+
+@pytest.mark.parametrize("profile", ["rpi4", pytest.param("rpi3", marks=pytest.mark.slow)])
+def test_an_ocr_recognizer_runs_at_every_width_on_the_device_path(models, tmp_path, profile):
+    """The device library (another compile: aarch64 / armv7) run by the C runner under qemu at five widths,
+    each against ONNX Runtime; the C API takes each width from the .npy and returns the output's own shape."""
+    build = compile_model(models["ppocr_rec"].path, profile, tmp_path / profile, input_shapes=REC_SHAPE,
+                          dims=["W=32..640"]).output_dir
+    report = validate(build, "emulator")
+    assert report.passed, report.to_dict()
+    assert len(report.sizes) == 5 and "qemu" in report.ran_on
+
+
+def test_a_text_detector_runs_at_sizes_on_its_grid(models, tmp_path):
+    """PP-OCRv3's DBNet detector (strided convolutions, 2x upsampling, transposed convolutions) at frame sizes
+    on its 32-pixel grid: host and the rpi4 library under qemu."""
+    build = compile_model(models["ppocr_det"].path, "rpi4", tmp_path / "det", input_shapes={"x": (1, 3, "H", "W")},
+                          dims=["H=64..256:32", "W=64..320:32"]).output_dir
+    for on in ("host", "emulator"):
+        report = validate(build, on)
+        assert report.passed, report.to_dict()
+        assert len(report.sizes) == 5
