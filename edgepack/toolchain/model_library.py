@@ -21,11 +21,14 @@ from edgepack.toolchain.process import run, tail
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """One model input or output as the C API sees it."""
+    """One model input or output as the C API sees it.
+
+    ``shape`` holds ints; an input's dimension may instead be the name of a dynamic dimension
+    (``"W"``, declared with a range in the metadata's ``dim`` lines) and an output's ``"?"``."""
 
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]
 
 
 def _meta_name(name: str) -> str:
@@ -44,61 +47,143 @@ _META_DTYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "i
 #: An output dimension the model decides at run time (NonZero, Unique ...): "?" in the metadata.
 RUNTIME_DIM = "?"
 
+#: What a dynamic dimension may be called in the metadata (``dim W 32 1280 8``).
+_DIM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
-def _as_meta(t: Any, output: bool = False) -> TensorMeta:
+#: As many dynamic dimensions as the C API takes (EP_MAX_DIMS in edgepack.c).
+MAX_DIMS = 32
+
+#: A dynamic input dimension's range: (min, max, step); the model takes min, min+step, ... max.
+DimRange = tuple[int, int, int]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_dims(dims: dict[str, Any] | None) -> dict[str, DimRange]:
+    """Validated copy of ``dims`` (name -> (min, max, step)); raises EdgepackError."""
+    checked: dict[str, DimRange] = {}
+    for name, spec in (dims or {}).items():
+        if not isinstance(name, str) or not _DIM_NAME.match(name):
+            raise EdgepackError(f"The dynamic dimension name {name!r} is not an identifier.",
+                                "Name dynamic dimensions like identifiers: letters, digits and '_', "
+                                "not starting with a digit (e.g. W, seq_len).")
+        try:
+            lo, hi, step = spec
+        except (TypeError, ValueError):
+            raise EdgepackError(f"The range of dynamic dimension {name} is {spec!r}, not (min, max, step).",
+                                "Give each dynamic dimension a range such as W=32..1280:8.") from None
+        if not (_is_int(lo) and _is_int(hi) and _is_int(step)):
+            raise EdgepackError(f"The range of dynamic dimension {name} is {spec!r}; min, max and step "
+                                "must be integers.", "Give each dynamic dimension a range such as W=32..1280:8.")
+        if not 1 <= lo <= hi:
+            raise EdgepackError(f"Dynamic dimension {name} has the range {lo}..{hi}; it needs 1 <= min <= max.",
+                                f"Give {name} a range such as {name}=1..{max(lo, hi, 1)}.")
+        if step < 1 or (hi - lo) % step != 0:
+            raise EdgepackError(f"Dynamic dimension {name} has the range {lo}..{hi} in steps of {step}; "
+                                "the step must be at least 1 and max - min a multiple of it.",
+                                f"Give {name} a step >= 1 and a max of min + k*step"
+                                + (f" (e.g. {name}={lo}..{lo + step * ((hi - lo) // step)}:{step})." if step >= 1 else "."))
+        checked[name] = (lo, hi, step)
+    if len(checked) > MAX_DIMS:
+        raise EdgepackError(f"The model has {len(checked)} dynamic dimensions; the C runtime takes at most {MAX_DIMS}.",
+                            "Fix some of them to a number.")
+    return checked
+
+
+def _as_meta(t: Any, output: bool = False, dim_names: Iterable[str] = ()) -> TensorMeta:
     if isinstance(t, TensorMeta):
-        return t
-    if isinstance(t, tuple | list) and len(t) == 3:
+        name, dtype, shape = t.name, t.dtype, t.shape
+    elif isinstance(t, tuple | list) and len(t) == 3:
         name, dtype, shape = t
     else:
         name, dtype, shape = t.name, t.dtype, t.shape
     dims = tuple(shape)
-    if not all((isinstance(d, int) and not isinstance(d, bool) and d >= 0) or (output and d == RUNTIME_DIM)
-               for d in dims):
-        raise EdgepackError(f"Tensor {name!r} has a dynamic or invalid shape {dims}.",
-                            "The C runtime needs static shapes: pass concrete input shapes when compiling.")
+    named = set(dim_names)
+    for d in dims:
+        if (_is_int(d) and d >= 0) or (output and d == RUNTIME_DIM) or (not output and isinstance(d, str) and d in named):
+            continue
+        if output:
+            fix = ("Output dimensions that are not a fixed number are written as '?' (decided at run time).")
+        elif isinstance(d, str) and d != RUNTIME_DIM:
+            fix = (f"Declare the range of {d} (e.g. --dim {d}=MIN..MAX:STEP) or pass a concrete input shape "
+                   "when compiling.")
+        else:
+            fix = "The C runtime needs static input shapes or named dynamic dimensions with a range."
+        raise EdgepackError(f"Tensor {name!r} has a dynamic or invalid shape {dims}.", fix)
     if str(dtype) not in _META_DTYPES:
         raise EdgepackError(f"Tensor {name!r} has dtype {dtype}, which the C runtime does not support.",
                             "Supported: " + ", ".join(sorted(_META_DTYPES)) + ".")
     return TensorMeta(str(name), str(dtype), dims)
 
 
-def model_meta_text(inputs: Iterable[Any], outputs: Iterable[Any]) -> str:
+def model_meta_text(inputs: Iterable[Any], outputs: Iterable[Any],
+                    dims: dict[str, DimRange] | None = None) -> str:
     """The metadata text for the C API: a header line, then ``input|output <name> <dtype> <d0,d1,..>``.
 
     ``inputs``/``outputs`` are ``(name, dtype, shape)`` tuples or objects with those attributes
     (e.g. ``tensors.TensorSpec``), in the order of the model's parameters and results.
+
+    ``dims`` (name -> ``(min, max, step)``) declares dynamic input dimensions: the text is then
+    version 2, with a ``dim <name> <min> <max> <step>`` line per dimension before the inputs, and an
+    input's shape may name one in place of a number (``input x float32 1,3,48,W``). Output
+    dimensions that are not a fixed number are ``"?"`` either way. Without ``dims`` the text is
+    version 1, as before.
     """
-    lines = ["edgepack-model-meta 1"]
+    ranges = _check_dims(dims)
+    lines = ["edgepack-model-meta 2" if ranges else "edgepack-model-meta 1"]
+    lines += [f"dim {name} {lo} {hi} {step}" for name, (lo, hi, step) in ranges.items()]
     for kind, tensors in (("input", inputs), ("output", outputs)):
-        for t in (_as_meta(t, kind == "output") for t in tensors):
+        for t in (_as_meta(t, kind == "output", ranges) for t in tensors):
             shape = ",".join(str(d) for d in t.shape) if t.shape else "-"
             lines.append(f"{kind} {_meta_name(t.name)} {t.dtype} {shape}")
     return "\n".join(lines) + "\n"
 
 
-def write_model_meta(path: Path, inputs: Iterable[Any], outputs: Iterable[Any]) -> Path:
+def write_model_meta(path: Path, inputs: Iterable[Any], outputs: Iterable[Any],
+                     dims: dict[str, DimRange] | None = None) -> Path:
     """Write the metadata file next to a model library: ``model.so`` -> ``model.meta``.
 
     ``ep_model_open("dir/model.so", NULL, ...)`` reads ``dir/model.meta`` when the library has no
     metadata embedded. ``path`` is the .meta path itself.
     """
     path = Path(path)
-    write_text_atomic(path, model_meta_text(inputs, outputs))
+    write_text_atomic(path, model_meta_text(inputs, outputs, dims))
     return path
 
 
-def parse_model_meta(text: str) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...]]:
-    """Inverse of ``model_meta_text`` (for tests and tools that read bundles)."""
+def _parse_meta(text: str) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...], dict[str, DimRange]]:
     lines = [ln.split() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines or lines[0] != ["edgepack-model-meta", "1"]:
-        raise EdgepackError("Not an edgepack metadata file (version 1).")
+    if not lines or lines[0] not in (["edgepack-model-meta", "1"], ["edgepack-model-meta", "2"]):
+        raise EdgepackError("Not an edgepack metadata file (version 1 or 2).")
     found: dict[str, list[TensorMeta]] = {"input": [], "output": []}
-    for kind, name, dtype, shape in lines[1:]:
-        dims = () if shape == "-" else tuple(d if d == RUNTIME_DIM else int(d) for d in shape.split(","))
+    dims: dict[str, DimRange] = {}
+    for fields in lines[1:]:
+        if fields[0] == "dim":
+            _, name, lo, hi, step = fields
+            dims[name] = (int(lo), int(hi), int(step))
+            continue
+        kind, name, dtype, shape = fields
+        dims_of = () if shape == "-" else tuple(
+            int(d) if d.isdigit() else d for d in shape.split(","))
         decoded = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), name)
-        found[kind].append(TensorMeta(decoded.encode("latin-1").decode("utf-8"), dtype, dims))
-    return tuple(found["input"]), tuple(found["output"])
+        found[kind].append(TensorMeta(decoded.encode("latin-1").decode("utf-8"), dtype, dims_of))
+    return tuple(found["input"]), tuple(found["output"]), dims
+
+
+def parse_model_meta(text: str) -> tuple[tuple[TensorMeta, ...], tuple[TensorMeta, ...]]:
+    """Inverse of ``model_meta_text`` (for tests and tools that read bundles): (inputs, outputs).
+
+    A dynamic input dimension is its name (a str), a run-time output dimension ``"?"``; the
+    ranges of the names are in ``parse_model_meta_dims``."""
+    inputs, outputs, _ = _parse_meta(text)
+    return inputs, outputs
+
+
+def parse_model_meta_dims(text: str) -> dict[str, DimRange]:
+    """The dynamic dimensions of a metadata text: name -> (min, max, step); {} for version 1."""
+    return _parse_meta(text)[2]
 
 
 def _meta_c_source(text: str, prefix: str) -> str:

@@ -10,6 +10,10 @@
  *   --input NAME=FILE  input tensor NAME from FILE: a .npy file (dtype and shape are checked)
  *                      or raw little-endian bytes (any other extension; size is checked).
  *                      Inputs not given are filled with zeros (a note goes to stderr).
+ *                      An input with dynamic dimensions (W=32..1280:8 in --info) takes a .npy of
+ *                      any shape in range (raw bytes do not say the shape); not given, it is
+ *                      filled with zeros at the value another input gave the same dimension,
+ *                      else at the smallest size (each dynamic dimension at its min).
  *   --output-dir DIR   write output i as DIR/<i>_<name>.npy, where <name> keeps [A-Za-z0-9._-]
  *                      of the output name and replaces other bytes by '_'
  *   --repeat N         time N runs and print one JSON line:
@@ -21,10 +25,12 @@
  *   --threads N        threads for the model's parallel kernels (default: $TVM_NUM_THREADS, else
  *                      the big cores)
  *   --from-memory      read MODEL.so into memory and use ep_model_open_memory()
- *   --info             print the model's inputs and outputs and exit
+ *   --info             print the model's inputs and outputs and exit (a dynamic input dimension
+ *                      as NAME=MIN..MAX:STEP, e.g. [1,3,48,W=32..1280:8])
  *   --quiet            no per-output summary lines
  *
  * Prints one line per output: output <i> <name> <dtype> <shape> min=.. max=.. mean=.. [file]
+ * (<shape> and the .npy files: the shape the run produced, ep_model_output_shape)
  * Exit status: 0 success, 1 model or run error (message on stderr), 2 bad usage.
  */
 #if !defined(_GNU_SOURCE)
@@ -446,10 +452,18 @@ static double element(const void* data, ep_dtype dt, size_t i) {
   }
 }
 
-static void format_shape(const ep_tensor_info* info, char* buf, size_t size) {
+/* "[1,3,48,W=32..1280:8]": a dynamic dimension of input `input` (-1: an output) with its range. */
+static void format_shape(const ep_model* model, int input, const ep_tensor_info* info, char* buf,
+                         size_t size) {
   size_t pos = (size_t)snprintf(buf, size, "[");
   int i;
   for (i = 0; i < info->ndim && pos < size; ++i) {
+    ep_dim_range r;
+    if (input >= 0 && info->shape[i] < 0 && ep_model_input_dim(model, input, i, &r) == EP_OK) {
+      pos += (size_t)snprintf(buf + pos, size - pos, "%s%s=%lld..%lld:%lld", i ? "," : "", r.name,
+                              (long long)r.min, (long long)r.max, (long long)r.step);
+      continue;
+    }
     pos += (size_t)snprintf(buf + pos, size - pos, i ? ",%lld" : "%lld",
                             (long long)info->shape[i]);
   }
@@ -484,9 +498,38 @@ static int cmp_double(const void* a, const void* b) {
 
 /* ---- main ---------------------------------------------------------------------------------- */
 
+/* The value input `index`'s dynamic dimension `dim` gets when the input is not given: what an
+   input set before (given, or filled) has for the same dimension name, else the dimension's min. */
+static int64_t fill_extent(ep_model* model, int index, int dim, int num_inputs, void** buffers,
+                           int64_t (*given_shapes)[EP_MAX_NDIM]) {
+  ep_dim_range r, other;
+  ep_tensor_info info;
+  int i, d;
+  ep_model_input_dim(model, index, dim, &r);
+  for (i = 0; i < num_inputs; ++i) {
+    if (buffers[i] == NULL || i == index) continue;
+    ep_model_input_info(model, i, &info);
+    for (d = 0; d < info.ndim; ++d) {
+      if (info.shape[d] < 0 && ep_model_input_dim(model, i, d, &other) == EP_OK &&
+          strcmp(other.name, r.name) == 0) {
+        return given_shapes[i][d];
+      }
+    }
+  }
+  return r.min;
+}
+
 static int set_inputs(ep_model* model, const options* o, int num_inputs, void** buffers) {
   int i, j;
   ep_status st;
+  int64_t (*given_shapes)[EP_MAX_NDIM] =
+      (int64_t (*)[EP_MAX_NDIM])calloc((size_t)(num_inputs > 0 ? num_inputs : 1),
+                                       sizeof(*given_shapes));
+  int rc = 1;
+  if (given_shapes == NULL) {
+    fprintf(stderr, "edgepack_run: out of memory\n");
+    return 1;
+  }
   for (j = 0; j < o->num_inputs; ++j) {
     int index;
     ep_tensor_info info;
@@ -501,52 +544,86 @@ static int set_inputs(ep_model* model, const options* o, int num_inputs, void** 
         fprintf(stderr, " %s", info.name);
       }
       fprintf(stderr, "\n");
-      return 1;
+      goto done;
     }
     ep_model_input_info(model, index, &info);
-    if (!read_file(o->inputs[j].path, &buf, &size)) return 1;
+    if (!read_file(o->inputs[j].path, &buf, &size)) goto done;
     buffers[index] = buf;
     if (ends_with(o->inputs[j].path, ".npy")) {
       npy_header h;
       void* data;
-      if (!parse_npy(buf, size, o->inputs[j].path, &h)) return 1;
+      if (!parse_npy(buf, size, o->inputs[j].path, &h)) goto done;
       {
         size_t need = ep_dtype_size(h.dtype);
         for (i = 0; i < h.ndim; ++i) need *= (size_t)h.shape[i];
         if (h.data_offset + need > size) {
           fprintf(stderr, "edgepack_run: %s: file is shorter than its header says\n",
                   o->inputs[j].path);
-          return 1;
+          goto done;
         }
       }
       /* move the data to the start of the aligned buffer so it is used without a copy */
       data = buf;
       memmove(data, buf + h.data_offset, size - h.data_offset);
       st = ep_model_set_input_typed(model, index, data, h.dtype, h.ndim, h.shape);
+      for (i = 0; i < h.ndim; ++i) given_shapes[index][i] = h.shape[i];
     } else {
       st = ep_model_set_input(model, index, buf, size);
     }
     if (st != EP_OK) {
-      fprintf(stderr, "edgepack_run: input %s from %s: %s (%s)\n", info.name, o->inputs[j].path,
-              ep_last_error(), ep_status_name(st));
-      return 1;
+      int raw_dynamic = 0;
+      for (i = 0; i < info.ndim; ++i) raw_dynamic |= info.shape[i] < 0;
+      raw_dynamic &= !ends_with(o->inputs[j].path, ".npy");
+      fprintf(stderr, "edgepack_run: input %s from %s: %s (%s)%s\n", info.name, o->inputs[j].path,
+              ep_last_error(), ep_status_name(st),
+              raw_dynamic ? "; give it as a .npy file, which states the shape" : "");
+      goto done;
     }
   }
   for (i = 0; i < num_inputs; ++i) {
     ep_tensor_info info;
+    int d, dynamic = 0;
+    int64_t shape[EP_MAX_NDIM];
+    size_t size;
     if (buffers[i] != NULL) continue;
     ep_model_input_info(model, i, &info);
-    buffers[i] = ep_alloc(info.byte_size);
+    size = ep_dtype_size(info.dtype);
+    for (d = 0; d < info.ndim; ++d) {
+      shape[d] = info.shape[d];
+      if (shape[d] < 0) { /* dynamic: see fill_extent */
+        shape[d] = fill_extent(model, i, d, num_inputs, buffers, given_shapes);
+        dynamic = 1;
+      }
+      size *= (size_t)shape[d];
+    }
+    buffers[i] = ep_alloc(size);
     if (buffers[i] == NULL) {
       fprintf(stderr, "edgepack_run: out of memory\n");
-      return 1;
+      goto done;
     }
-    memset(buffers[i], 0, info.byte_size);
-    fprintf(stderr, "edgepack_run: note: input %s not given, using zeros\n", info.name);
-    st = ep_model_set_input(model, i, buffers[i], info.byte_size);
-    if (st != EP_OK) return fail("set input", st);
+    memset(buffers[i], 0, size);
+    for (d = 0; d < info.ndim; ++d) given_shapes[i][d] = shape[d];
+    if (dynamic) {
+      char text[160];
+      ep_tensor_info filled = info;
+      for (d = 0; d < info.ndim; ++d) filled.shape[d] = shape[d];
+      format_shape(model, -1, &filled, text, sizeof(text));
+      fprintf(stderr, "edgepack_run: note: input %s not given, using zeros of shape %s\n", info.name,
+              text);
+      st = ep_model_set_input_typed(model, i, buffers[i], info.dtype, info.ndim, shape);
+    } else {
+      fprintf(stderr, "edgepack_run: note: input %s not given, using zeros\n", info.name);
+      st = ep_model_set_input(model, i, buffers[i], info.byte_size);
+    }
+    if (st != EP_OK) {
+      fail("set input", st);
+      goto done;
+    }
   }
-  return 0;
+  rc = 0;
+done:
+  free(given_shapes);
+  return rc;
 }
 
 static int report_outputs(ep_model* model, const options* o, int num_outputs) {
@@ -564,7 +641,10 @@ static int report_outputs(ep_model* model, const options* o, int num_outputs) {
     char path[4096];
     ep_status st = ep_model_output_info(model, i, &info);
     if (st == EP_OK) st = ep_model_get_output(model, i, &data, &size);
+    /* the shape this run produced (outputs can depend on dynamic input dimensions) */
+    if (st == EP_OK) st = ep_model_output_shape(model, i, &info.ndim, info.shape);
     if (st != EP_OK) return fail("get output", st);
+    info.byte_size = size;
     n = ep_dtype_size(info.dtype) ? size / ep_dtype_size(info.dtype) : 0;
     for (k = 0; k < n; ++k) {
       double v = element(data, info.dtype, k);
@@ -583,7 +663,7 @@ static int report_outputs(ep_model* model, const options* o, int num_outputs) {
       }
     }
     if (!o->quiet) {
-      format_shape(&info, shape, sizeof(shape));
+      format_shape(model, -1, &info, shape, sizeof(shape));
       printf("output %d %s %s %s min=%.6g max=%.6g mean=%.6g%s%s\n", i, info.name,
              ep_dtype_name(info.dtype), shape, mn, mx, n ? sum / (double)n : 0.0,
              path[0] ? " -> " : "", path);
@@ -654,7 +734,7 @@ int main(int argc, char** argv) {
       } else {
         ep_model_output_info(model, i - num_inputs, &info);
       }
-      format_shape(&info, shape, sizeof(shape));
+      format_shape(model, is_in ? i : -1, &info, shape, sizeof(shape));
       printf("%s %d %s %s %s\n", is_in ? "input" : "output", is_in ? i : i - num_inputs,
              info.name, ep_dtype_name(info.dtype), shape);
     }

@@ -52,8 +52,27 @@
  *   the shape of a 0-d tensor is "-". An output dimension the model decides at run time (NonZero,
  *   Unique, NonMaxSuppression ...) is "?": ep_model_output_info() reports it as -1 (byte_size 0)
  *   before the first run and the extent the last run produced after it, and the output's byte size
- *   is the produced one. Inputs have static shapes. Empty lines and lines starting with '#' are
- *   ignored.
+ *   is the produced one (ep_model_output_shape() gives the whole produced shape). Empty lines and
+ *   lines starting with '#' are ignored.
+ *
+ * Dynamic input dimensions (metadata version 2, EP_API_VERSION 2)
+ *   A model compiled for a range of input sizes (edgepack compile ... --dim W=32..1280:8) has
+ *       edgepack-model-meta 2
+ *       dim    <dname> <min> <max> <step>
+ *       input  x float32 1,3,48,<dname>
+ *       output y float32 1,?,...
+ *   one "dim" line per dynamic dimension, before the inputs and outputs; <dname> is an identifier
+ *   ([A-Za-z_][A-Za-z0-9_]*), 1 <= min <= max, step >= 1 and max - min is a multiple of step. An
+ *   input dimension naming it takes any value v with min <= v <= max and (v - min) % step == 0
+ *   (W = 32, 40, ... 1280 above). The same name may appear in several inputs (or twice in one);
+ *   every use must then have the same value in a run. Output dimensions that depend on it are "?".
+ *   Version 1 text (no dynamic dimensions) is read as before. For such an input:
+ *     - ep_model_input_info() reports shape[i] = -1 for a dynamic dimension and byte_size = the
+ *       dense size with every dynamic dimension at its max (enough to allocate a buffer once);
+ *     - ep_model_input_dim() gives the name and range of each dimension;
+ *     - set it with ep_model_set_input_typed() and the data's actual shape (ep_model_set_input(),
+ *       which states only a byte size, refuses it with EP_ERR_SHAPE);
+ *     - read the outputs' produced shapes with ep_model_output_shape().
  *   The metadata is looked up, in this order: the explicit argument of ep_model_open*(); a
  *   function "edgepack_meta" embedded in the model library by edgepack; for ep_model_open() the
  *   file next to the library with its extension replaced by ".meta" (model.so -> model.meta).
@@ -75,7 +94,7 @@ extern "C" {
 #endif
 
 /** Version of this API; bumped when a signature changes. */
-#define EP_API_VERSION 1
+#define EP_API_VERSION 2 /* 2: dynamic input dimensions (ep_model_input_dim, ep_model_output_shape) */
 
 /** Maximum tensor rank supported by the API. */
 #define EP_MAX_NDIM 8
@@ -128,9 +147,22 @@ typedef struct {
   const char* name;            /**< tensor name, owned by the model */
   ep_dtype dtype;              /**< element type */
   int32_t ndim;                /**< rank, 0..EP_MAX_NDIM */
-  int64_t shape[EP_MAX_NDIM];  /**< extents; entries past ndim are 0 */
-  size_t byte_size;            /**< dense size in bytes */
+  int64_t shape[EP_MAX_NDIM];  /**< extents; entries past ndim are 0; -1: a dynamic input
+                                    dimension (ep_model_input_dim) or an output's '?' before a run */
+  size_t byte_size;            /**< dense size in bytes; an input with dynamic dimensions: the size
+                                    with each at its max (the largest buffer it takes) */
 } ep_tensor_info;
+
+/**
+ * The values one input dimension takes (ep_model_input_dim): min, min + step, ... max.
+ * A static dimension: name "" and min = max = its extent, step 1.
+ */
+typedef struct {
+  const char* name; /**< the dynamic dimension's name from the metadata ("W"), owned by the model */
+  int64_t min;
+  int64_t max;
+  int64_t step;
+} ep_dim_range;
 
 /** Opaque model handle. */
 typedef struct ep_model ep_model;
@@ -228,6 +260,11 @@ EP_API ep_status ep_model_num_outputs(const ep_model* model, int* out_count);
 /** Copy the description of input `index` into *out_info (name stays owned by the model). */
 EP_API ep_status ep_model_input_info(const ep_model* model, int index, ep_tensor_info* out_info);
 EP_API ep_status ep_model_output_info(const ep_model* model, int index, ep_tensor_info* out_info);
+/**
+ * The range of dimension `dim` of input `index` (see "Dynamic input dimensions").
+ * Errors: EP_ERR_INDEX (index or dim out of range), EP_ERR_INVALID_ARGUMENT (out is NULL).
+ */
+EP_API ep_status ep_model_input_dim(const ep_model* model, int index, int dim, ep_dim_range* out);
 /** Index of the input called `name`; EP_ERR_NOT_FOUND if there is none. */
 EP_API ep_status ep_model_find_input(const ep_model* model, const char* name, int* out_index);
 EP_API ep_status ep_model_find_output(const ep_model* model, const char* name, int* out_index);
@@ -257,19 +294,26 @@ EP_API size_t ep_memory_collapse_since(ep_memory_mark* mark);
 /**
  * Set input `index` from a dense buffer of exactly the input's byte_size bytes, laid out with
  * the dtype and shape of ep_model_input_info(). See "Ownership" for when the buffer is copied.
- * Errors: EP_ERR_INDEX, EP_ERR_SHAPE (byte_size differs).
+ * Errors: EP_ERR_INDEX, EP_ERR_SHAPE (byte_size differs; or the input has dynamic dimensions,
+ * whose extents a byte size does not tell: use ep_model_set_input_typed()).
  */
 EP_API ep_status ep_model_set_input(ep_model* model, int index, const void* data,
                                     size_t byte_size);
 
 /**
  * Like ep_model_set_input() but states what the buffer holds, so that a mismatch is reported
- * precisely: EP_ERR_DTYPE if dtype differs, EP_ERR_SHAPE if ndim/shape differ.
+ * precisely: EP_ERR_DTYPE if dtype differs, EP_ERR_SHAPE if ndim/shape differ. A dynamic dimension
+ * takes any value in its range (ep_model_input_dim; EP_ERR_SHAPE otherwise, naming the dimension
+ * and its range); the buffer then holds the dense product of `shape` elements, and the model runs
+ * on that shape. `shape` is copied.
  */
 EP_API ep_status ep_model_set_input_typed(ep_model* model, int index, const void* data,
                                           ep_dtype dtype, int32_t ndim, const int64_t* shape);
 
-/** Run the model once. Errors: EP_ERR_STATE if an input was never set, EP_ERR_RUNTIME. */
+/**
+ * Run the model once. Errors: EP_ERR_STATE if an input was never set, EP_ERR_SHAPE if a dynamic
+ * dimension used in several places (inputs) was set to different values, EP_ERR_RUNTIME.
+ */
 EP_API ep_status ep_model_run(ep_model* model);
 
 /**
@@ -292,6 +336,15 @@ EP_API unsigned long ep_parallel_loops(void);
  */
 EP_API ep_status ep_model_get_output(const ep_model* model, int index, const void** out_data,
                                      size_t* out_byte_size);
+
+/**
+ * The shape output `index` had in the last successful run: *out_ndim and out_shape[0..ndim-1]
+ * (out_shape has room for EP_MAX_NDIM entries). For outputs whose size depends on a dynamic input
+ * dimension or on the data ('?' in the metadata) this is the only place to learn it.
+ * Errors: EP_ERR_STATE before the first successful run, EP_ERR_INDEX, EP_ERR_INVALID_ARGUMENT.
+ */
+EP_API ep_status ep_model_output_shape(const ep_model* model, int index, int32_t* out_ndim,
+                                       int64_t* out_shape);
 
 /** Copy output `index` of the last run into dst (dst_size must be >= its byte_size). */
 EP_API ep_status ep_model_copy_output(const ep_model* model, int index, void* dst,

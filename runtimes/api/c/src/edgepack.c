@@ -176,7 +176,22 @@ typedef struct {
   TVMFFIObjectHandle tensor; /* Tensor passed to main: views the user buffer or `copy` */
   void* copy;                /* aligned copy of an unaligned user buffer */
   size_t copy_size;
+  int32_t ndim;              /* the shape the input was last set with (its own copy) */
+  int64_t shape[EP_MAX_NDIM];
 } ep_input_slot;
+
+/* Dynamic input dimensions (metadata version 2): "dim <name> <min> <max> <step>". */
+#define EP_MAX_DIMS 32
+
+typedef struct {
+  char* name; /* heap string owned by the model */
+  int64_t min, max, step;
+} ep_dim_def;
+
+/* Per input: which dynamic dimension each axis is (index into ep_model.dims), -1 if static. */
+typedef struct {
+  int ref[EP_MAX_NDIM];
+} ep_input_dims;
 
 struct ep_model {
   uint32_t magic;
@@ -187,6 +202,9 @@ struct ep_model {
   int num_outputs;
   ep_tensor_info* inputs; /* names are heap strings owned by the model */
   ep_tensor_info* outputs;
+  ep_input_dims* input_dims; /* parallel to inputs */
+  int num_dims;
+  ep_dim_def dims[EP_MAX_DIMS];
   ep_input_slot* slots;
   TVMFFIObjectHandle* out_tensors; /* outputs of the last successful run (owned refs) */
   int has_run;
@@ -386,14 +404,54 @@ static int ep_is_dynamic(const ep_tensor_info* info) {
   return 0;
 }
 
-static ep_status ep_parse_shape(const char* tok, size_t len, ep_tensor_info* info, int lineno) {
+static int ep_is_ident_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+static int ep_is_ident_char(char c) { return ep_is_ident_start(c) || (c >= '0' && c <= '9'); }
+
+/* Index of the dynamic dimension called [name, name+n) in m->dims, -1 if none. */
+static int ep_find_dim(const ep_model* m, const char* name, size_t n) {
+  int i;
+  for (i = 0; i < m->num_dims; ++i) {
+    if (strlen(m->dims[i].name) == n && strncmp(m->dims[i].name, name, n) == 0) return i;
+  }
+  return -1;
+}
+
+/*
+ * Parse a shape token. refs (inputs of a version-2 text; NULL otherwise) receives, per axis, the
+ * index of the dynamic dimension the axis names (its extent in info->shape is -1), else -1.
+ */
+static ep_status ep_parse_shape(const ep_model* m, const char* tok, size_t len,
+                                ep_tensor_info* info, int* refs, int lineno) {
   size_t i = 0;
+  int d;
   info->ndim = 0;
+  for (d = 0; d < EP_MAX_NDIM; ++d) {
+    if (refs != NULL) refs[d] = -1;
+  }
   if (len == 1 && tok[0] == '-') return EP_OK;
   while (i < len) {
     int64_t v = 0;
     size_t start = i;
-    if (tok[i] == '?') { /* decided by the model at run time (outputs only; see edgepack.h) */
+    int ref = -1;
+    if (ep_is_ident_start(tok[i])) { /* a dynamic input dimension declared by a "dim" line */
+      while (i < len && ep_is_ident_char(tok[i])) ++i;
+      if (refs == NULL) {
+        return ep_fail(EP_ERR_METADATA,
+                       "metadata line %d: dimension '%.*s' is a name; only inputs of version-2 "
+                       "metadata name dynamic dimensions (outputs use '?')",
+                       lineno, (int)(i - start), tok + start);
+      }
+      ref = ep_find_dim(m, tok + start, i - start);
+      if (ref < 0) {
+        return ep_fail(EP_ERR_METADATA,
+                       "metadata line %d: dimension '%.*s' is not declared by a 'dim' line", lineno,
+                       (int)(i - start), tok + start);
+      }
+      v = -1;
+    } else if (tok[i] == '?') { /* decided by the model at run time (outputs only; see edgepack.h) */
       v = -1;
       ++i;
     }
@@ -414,6 +472,7 @@ static ep_status ep_parse_shape(const char* tok, size_t len, ep_tensor_info* inf
       return ep_fail(EP_ERR_METADATA, "metadata line %d: more than %d dimensions", lineno,
                      EP_MAX_NDIM);
     }
+    if (refs != NULL) refs[info->ndim] = ref;
     info->shape[info->ndim++] = v;
     if (i < len) {
       if (tok[i] != ',' || i + 1 == len) {
@@ -426,27 +485,101 @@ static ep_status ep_parse_shape(const char* tok, size_t len, ep_tensor_info* inf
   return EP_OK;
 }
 
-static ep_status ep_info_finish(ep_tensor_info* info, int lineno) {
+/* byte_size of a parsed tensor; an input's dynamic dimensions (refs) count at their maximum. */
+static ep_status ep_info_finish(const ep_model* m, ep_tensor_info* info, const int* refs,
+                                int lineno) {
   size_t bytes = ep_dtype_size(info->dtype);
   int i;
   for (i = 0; i < info->ndim; ++i) {
-    if (info->shape[i] < 0) { /* a dynamic output: its size is known after a run */
+    int64_t extent = info->shape[i];
+    if (extent < 0 && refs != NULL && refs[i] >= 0) extent = m->dims[refs[i]].max;
+    if (extent < 0) { /* a dynamic output: its size is known after a run */
       info->byte_size = 0;
       return EP_OK;
     }
-    if (info->shape[i] != 0 && bytes > (size_t)-1 / (size_t)info->shape[i]) {
+    if ((uint64_t)extent > (uint64_t)((size_t)-1) ||
+        (extent != 0 && bytes > (size_t)-1 / (size_t)extent)) {
       return ep_fail(EP_ERR_METADATA, "metadata line %d: tensor too large", lineno);
     }
-    bytes *= (size_t)info->shape[i];
+    bytes *= (size_t)extent;
   }
   info->byte_size = bytes;
+  return EP_OK;
+}
+
+/* A non-negative decimal integer token; 0 if it is not one (or overflows). */
+static int ep_parse_int64(const char* tok, size_t len, int64_t* out) {
+  size_t i;
+  int64_t v = 0;
+  if (len == 0) return 0;
+  for (i = 0; i < len; ++i) {
+    if (tok[i] < '0' || tok[i] > '9' || v > (INT64_MAX - 9) / 10) return 0;
+    v = v * 10 + (tok[i] - '0');
+  }
+  *out = v;
+  return 1;
+}
+
+/* "dim <name> <min> <max> <step>" (cur: the rest of the line after "dim"). */
+static ep_status ep_parse_dim(ep_model* m, const char* cur, const char* end, int lineno) {
+  const char* name;
+  const char* tok;
+  size_t name_len, len, i;
+  int64_t v[3];
+  ep_dim_def* d;
+  if (m->num_dims >= EP_MAX_DIMS) {
+    return ep_fail(EP_ERR_METADATA, "metadata line %d: more than %d dynamic dimensions", lineno,
+                   EP_MAX_DIMS);
+  }
+  if (!ep_next_token(&cur, end, &name, &name_len)) {
+    return ep_fail(EP_ERR_METADATA, "metadata line %d: missing dimension name", lineno);
+  }
+  for (i = 0; i < name_len; ++i) {
+    if (i == 0 ? !ep_is_ident_start(name[i]) : !ep_is_ident_char(name[i])) {
+      return ep_fail(EP_ERR_METADATA,
+                     "metadata line %d: dimension name '%.*s' is not an identifier "
+                     "([A-Za-z_][A-Za-z0-9_]*)",
+                     lineno, (int)name_len, name);
+    }
+  }
+  if (ep_find_dim(m, name, name_len) >= 0) {
+    return ep_fail(EP_ERR_METADATA, "metadata line %d: dimension '%.*s' is declared twice", lineno,
+                   (int)name_len, name);
+  }
+  for (i = 0; i < 3; ++i) {
+    if (!ep_next_token(&cur, end, &tok, &len) || !ep_parse_int64(tok, len, &v[i])) {
+      return ep_fail(EP_ERR_METADATA,
+                     "metadata line %d: expected 'dim %.*s <min> <max> <step>' with non-negative "
+                     "integers",
+                     lineno, (int)name_len, name);
+    }
+  }
+  if (ep_next_token(&cur, end, &tok, &len)) {
+    return ep_fail(EP_ERR_METADATA, "metadata line %d: unexpected '%.*s'", lineno, (int)len, tok);
+  }
+  if (v[0] < 1 || v[1] < v[0] || v[2] < 1 || (v[1] - v[0]) % v[2] != 0) {
+    return ep_fail(EP_ERR_METADATA,
+                   "metadata line %d: bad range for dimension %.*s: min %lld, max %lld, step %lld "
+                   "(needs 1 <= min <= max, step >= 1, max - min a multiple of step)",
+                   lineno, (int)name_len, name, (long long)v[0], (long long)v[1],
+                   (long long)v[2]);
+  }
+  d = &m->dims[m->num_dims];
+  d->name = (char*)malloc(name_len + 1);
+  if (d->name == NULL) return ep_fail(EP_ERR_NO_MEMORY, "out of memory reading metadata");
+  memcpy(d->name, name, name_len);
+  d->name[name_len] = '\0';
+  d->min = v[0];
+  d->max = v[1];
+  d->step = v[2];
+  ++m->num_dims;
   return EP_OK;
 }
 
 static ep_status ep_parse_meta(ep_model* m, const char* text) {
   const char* p = text;
   int lineno = 0;
-  int header_seen = 0;
+  int version = 0; /* 0 until the header is read */
   int cap_in = 0, cap_out = 0;
   while (*p != '\0') {
     const char* line = p;
@@ -455,26 +588,44 @@ static ep_status ep_parse_meta(ep_model* m, const char* text) {
     const char* tok;
     size_t len;
     ep_tensor_info info;
-    int is_input;
+    ep_input_dims refs;
+    int is_input, i;
     ep_status st;
     if (end == NULL) end = p + strlen(p);
     p = (*end == '\n') ? end + 1 : end;
     ++lineno;
     cur = line;
     if (!ep_next_token(&cur, end, &tok, &len) || tok[0] == '#') continue;
-    if (!header_seen) {
+    if (version == 0) {
       const char* ver;
       size_t ver_len;
       if (len != 19 || strncmp(tok, "edgepack-model-meta", 19) != 0) {
         return ep_fail(EP_ERR_METADATA,
-                       "metadata line %d: expected the header 'edgepack-model-meta 1'", lineno);
-      }
-      if (!ep_next_token(&cur, end, &ver, &ver_len) || ver_len != 1 || ver[0] != '1') {
-        return ep_fail(EP_ERR_METADATA,
-                       "metadata line %d: unsupported metadata version (this runtime reads 1)",
+                       "metadata line %d: expected the header 'edgepack-model-meta 1' (or 2)",
                        lineno);
       }
-      header_seen = 1;
+      if (!ep_next_token(&cur, end, &ver, &ver_len) || ver_len != 1 ||
+          (ver[0] != '1' && ver[0] != '2')) {
+        return ep_fail(EP_ERR_METADATA,
+                       "metadata line %d: unsupported metadata version (this runtime reads 1 and 2)",
+                       lineno);
+      }
+      version = ver[0] - '0';
+      continue;
+    }
+    if (len == 3 && strncmp(tok, "dim", 3) == 0) {
+      if (version < 2) {
+        return ep_fail(EP_ERR_METADATA,
+                       "metadata line %d: 'dim' lines need the header 'edgepack-model-meta 2'",
+                       lineno);
+      }
+      if (m->num_inputs > 0 || m->num_outputs > 0) {
+        return ep_fail(EP_ERR_METADATA,
+                       "metadata line %d: 'dim' lines must come before the inputs and outputs",
+                       lineno);
+      }
+      st = ep_parse_dim(m, cur, end, lineno);
+      if (st != EP_OK) return st;
       continue;
     }
     if (len == 5 && strncmp(tok, "input", 5) == 0) {
@@ -482,10 +633,12 @@ static ep_status ep_parse_meta(ep_model* m, const char* text) {
     } else if (len == 6 && strncmp(tok, "output", 6) == 0) {
       is_input = 0;
     } else {
-      return ep_fail(EP_ERR_METADATA, "metadata line %d: expected 'input' or 'output', got '%.*s'",
-                     lineno, (int)len, tok);
+      return ep_fail(EP_ERR_METADATA,
+                     "metadata line %d: expected 'input', 'output' or 'dim', got '%.*s'", lineno,
+                     (int)len, tok);
     }
     memset(&info, 0, sizeof(info));
+    for (i = 0; i < EP_MAX_NDIM; ++i) refs.ref[i] = -1;
     if (!ep_next_token(&cur, end, &tok, &len)) {
       return ep_fail(EP_ERR_METADATA, "metadata line %d: missing tensor name", lineno);
     }
@@ -508,17 +661,21 @@ static ep_status ep_parse_meta(ep_model* m, const char* text) {
       } else if (!ep_next_token(&cur, end, &tok, &len)) {
         st = ep_fail(EP_ERR_METADATA, "metadata line %d: missing shape", lineno);
       } else {
-        st = ep_parse_shape(tok, len, &info, lineno);
-        if (st == EP_OK) st = ep_info_finish(&info, lineno);
+        int* named = (is_input && version >= 2) ? refs.ref : NULL;
+        st = ep_parse_shape(m, tok, len, &info, named, lineno);
+        if (st == EP_OK) st = ep_info_finish(m, &info, named, lineno);
         if (st == EP_OK && ep_next_token(&cur, end, &tok, &len)) {
           st = ep_fail(EP_ERR_METADATA, "metadata line %d: unexpected '%.*s'", lineno, (int)len,
                        tok);
         }
       }
     }
-    if (st == EP_OK && is_input && ep_is_dynamic(&info)) {
-      st = ep_fail(EP_ERR_METADATA, "metadata line %d: input '%s' has a dimension decided at run "
-                   "time ('?'); inputs need static shapes", lineno, info.name);
+    for (i = 0; st == EP_OK && is_input && i < info.ndim; ++i) {
+      if (info.shape[i] < 0 && refs.ref[i] < 0) {
+        st = ep_fail(EP_ERR_METADATA, "metadata line %d: input '%s' has a dimension decided at "
+                     "run time ('?'); inputs need static shapes or a named dimension declared by "
+                     "a 'dim' line", lineno, info.name);
+      }
     }
     if (st == EP_OK) {
       ep_tensor_info** arr = is_input ? &m->inputs : &m->outputs;
@@ -528,22 +685,31 @@ static ep_status ep_parse_meta(ep_model* m, const char* text) {
         int new_cap = *cap == 0 ? 4 : *cap * 2;
         ep_tensor_info* grown =
             (ep_tensor_info*)realloc(*arr, (size_t)new_cap * sizeof(ep_tensor_info));
+        if (grown != NULL) *arr = grown;
+        if (grown != NULL && is_input) {
+          ep_input_dims* grown_dims = (ep_input_dims*)realloc(
+              m->input_dims, (size_t)new_cap * sizeof(ep_input_dims));
+          if (grown_dims != NULL) m->input_dims = grown_dims;
+          if (grown_dims == NULL) grown = NULL;
+        }
         if (grown == NULL) {
           st = ep_fail(EP_ERR_NO_MEMORY, "out of memory reading metadata");
         } else {
-          *arr = grown;
           *cap = new_cap;
         }
       }
-      if (st == EP_OK) (*arr)[(*count)++] = info;
+      if (st == EP_OK) {
+        if (is_input) m->input_dims[*count] = refs;
+        (*arr)[(*count)++] = info;
+      }
     }
     if (st != EP_OK) {
       free((void*)info.name);
       return st;
     }
   }
-  if (!header_seen) {
-    return ep_fail(EP_ERR_METADATA, "metadata is empty (expected 'edgepack-model-meta 1')");
+  if (version == 0) {
+    return ep_fail(EP_ERR_METADATA, "metadata is empty (expected 'edgepack-model-meta 1' or 2)");
   }
   if (m->num_outputs == 0) {
     return ep_fail(EP_ERR_METADATA, "metadata lists no outputs");
@@ -800,6 +966,8 @@ static void ep_model_destroy(ep_model* m) {
   ep_release(&m->exec);
   ep_free_infos(m->inputs, m->num_inputs);
   ep_free_infos(m->outputs, m->num_outputs);
+  free(m->input_dims);
+  for (i = 0; i < m->num_dims; ++i) free(m->dims[i].name);
   m->magic = 0;
   free(m);
 }
@@ -2007,25 +2175,33 @@ typedef struct {
 
 static void ep_dlpack_view_deleter(DLManagedTensor* self) { free(self); }
 
-ep_status ep_model_set_input(ep_model* model, int index, const void* data, size_t byte_size) {
-  const ep_tensor_info* info;
+/* Whether input `index` has dynamic dimensions; their names, comma-separated, into buf. */
+static int ep_input_dynamic_names(const ep_model* m, int index, char* buf, size_t size) {
+  const ep_tensor_info* info = &m->inputs[index];
+  size_t pos = 0;
+  int i, n = 0;
+  buf[0] = '\0';
+  for (i = 0; i < info->ndim; ++i) {
+    int ref = m->input_dims[index].ref[i];
+    if (ref < 0) continue;
+    if (pos < size) {
+      pos += (size_t)snprintf(buf + pos, size - pos, n ? ", %s" : "%s", m->dims[ref].name);
+    }
+    ++n;
+  }
+  return n > 0;
+}
+
+/* Point input `index` at data (byte_size bytes, laid out as `shape`, already checked). */
+static ep_status ep_set_input_data(ep_model* model, int index, const void* data, size_t byte_size,
+                                   const int64_t* shape) {
+  const ep_tensor_info* info = &model->inputs[index];
   ep_input_slot* slot;
   ep_dlpack_view* view;
   TVMFFIObjectHandle tensor = NULL;
   void* ptr = (void*)data;
   const ep_dtype_entry* dt;
-  EP_CHECK_MODEL(model);
-  if (index < 0 || index >= model->num_inputs) {
-    return ep_fail(EP_ERR_INDEX, "input index %d out of range: the model has %d inputs", index,
-                   model->num_inputs);
-  }
-  info = &model->inputs[index];
-  if (byte_size != info->byte_size) {
-    char shape[160];
-    ep_format_shape(info->shape, info->ndim, shape, sizeof(shape));
-    return ep_fail(EP_ERR_SHAPE, "input %d '%s' needs %zu bytes (%s %s), got %zu", index,
-                   info->name, info->byte_size, ep_dtype_name(info->dtype), shape, byte_size);
-  }
+  int d;
   if (data == NULL && byte_size != 0) {
     return ep_fail(EP_ERR_INVALID_ARGUMENT, "input %d '%s': data is NULL", index, info->name);
   }
@@ -2047,7 +2223,7 @@ ep_status ep_model_set_input(ep_model* model, int index, const void* data, size_
   view = (ep_dlpack_view*)calloc(1, sizeof(ep_dlpack_view));
   if (view == NULL) return ep_fail(EP_ERR_NO_MEMORY, "out of memory setting input %d", index);
   dt = ep_dtype_lookup(info->dtype);
-  memcpy(view->shape, info->shape, sizeof(view->shape));
+  for (d = 0; d < info->ndim; ++d) view->shape[d] = shape[d];
   view->managed.dl_tensor.data = ptr;
   view->managed.dl_tensor.device.device_type = kDLCPU;
   view->managed.dl_tensor.device.device_id = 0;
@@ -2066,12 +2242,58 @@ ep_status ep_model_set_input(ep_model* model, int index, const void* data, size_
   }
   ep_release(&slot->tensor);
   slot->tensor = tensor;
+  slot->ndim = info->ndim;
+  memset(slot->shape, 0, sizeof(slot->shape));
+  for (d = 0; d < info->ndim; ++d) slot->shape[d] = shape[d];
   return EP_OK;
+}
+
+ep_status ep_model_set_input(ep_model* model, int index, const void* data, size_t byte_size) {
+  const ep_tensor_info* info;
+  char names[160];
+  EP_CHECK_MODEL(model);
+  if (index < 0 || index >= model->num_inputs) {
+    return ep_fail(EP_ERR_INDEX, "input index %d out of range: the model has %d inputs", index,
+                   model->num_inputs);
+  }
+  info = &model->inputs[index];
+  if (ep_input_dynamic_names(model, index, names, sizeof(names))) {
+    return ep_fail(EP_ERR_SHAPE,
+                   "input %d '%s' has dynamic dimensions (%s): set it with "
+                   "ep_model_set_input_typed, which states the shape of the data",
+                   index, info->name, names);
+  }
+  if (byte_size != info->byte_size) {
+    char shape[160];
+    ep_format_shape(info->shape, info->ndim, shape, sizeof(shape));
+    return ep_fail(EP_ERR_SHAPE, "input %d '%s' needs %zu bytes (%s %s), got %zu", index,
+                   info->name, info->byte_size, ep_dtype_name(info->dtype), shape, byte_size);
+  }
+  return ep_set_input_data(model, index, data, byte_size, info->shape);
+}
+
+/* The input's shape as the metadata has it, a dynamic dimension as its name: "[1,3,48,W]". */
+static void ep_format_input_shape(const ep_model* m, int index, char* buf, size_t size) {
+  const ep_tensor_info* info = &m->inputs[index];
+  size_t pos = 0;
+  int i;
+  pos += (size_t)snprintf(buf, size, "[");
+  for (i = 0; i < info->ndim && pos < size; ++i) {
+    int ref = m->input_dims[index].ref[i];
+    if (ref >= 0) {
+      pos += (size_t)snprintf(buf + pos, size - pos, i ? ",%s" : "%s", m->dims[ref].name);
+    } else {
+      pos += (size_t)snprintf(buf + pos, size - pos, i ? ",%lld" : "%lld",
+                              (long long)info->shape[i]);
+    }
+  }
+  if (pos < size) snprintf(buf + pos, size - pos, "]");
 }
 
 ep_status ep_model_set_input_typed(ep_model* model, int index, const void* data, ep_dtype dtype,
                                    int32_t ndim, const int64_t* shape) {
   const ep_tensor_info* info;
+  size_t byte_size;
   int i;
   EP_CHECK_MODEL(model);
   if (index < 0 || index >= model->num_inputs) {
@@ -2091,15 +2313,94 @@ ep_status ep_model_set_input_typed(ep_model* model, int index, const void* data,
                    info->ndim, ndim);
   }
   for (i = 0; i < ndim; ++i) {
-    if (shape[i] != info->shape[i]) {
+    if (model->input_dims[index].ref[i] < 0 && shape[i] != info->shape[i]) {
       char want[160], got[160];
-      ep_format_shape(info->shape, info->ndim, want, sizeof(want));
+      ep_format_input_shape(model, index, want, sizeof(want));
       ep_format_shape(shape, ndim, got, sizeof(got));
       return ep_fail(EP_ERR_SHAPE, "input %d '%s' has shape %s, got %s", index, info->name, want,
                      got);
     }
   }
-  return ep_model_set_input(model, index, data, info->byte_size);
+  byte_size = ep_dtype_size(info->dtype);
+  for (i = 0; i < ndim; ++i) {
+    int ref = model->input_dims[index].ref[i];
+    if (ref >= 0) {
+      const ep_dim_def* d = &model->dims[ref];
+      if (shape[i] < d->min || shape[i] > d->max || (shape[i] - d->min) % d->step != 0) {
+        if (d->step == 1) {
+          return ep_fail(EP_ERR_SHAPE,
+                         "input %d '%s' dimension %d (%s) is %lld; the model takes %s from %lld "
+                         "to %lld",
+                         index, info->name, i, d->name, (long long)shape[i], d->name,
+                         (long long)d->min, (long long)d->max);
+        }
+        return ep_fail(EP_ERR_SHAPE,
+                       "input %d '%s' dimension %d (%s) is %lld; the model takes %s from %lld to "
+                       "%lld in steps of %lld",
+                       index, info->name, i, d->name, (long long)shape[i], d->name,
+                       (long long)d->min, (long long)d->max, (long long)d->step);
+      }
+    }
+    /* within the metadata's maximum size, so this does not overflow */
+    byte_size *= (size_t)shape[i];
+  }
+  return ep_set_input_data(model, index, data, byte_size, shape);
+}
+
+ep_status ep_model_input_dim(const ep_model* model, int index, int dim, ep_dim_range* out) {
+  const ep_tensor_info* info;
+  int ref;
+  EP_CHECK_MODEL(model);
+  if (out == NULL) return ep_fail(EP_ERR_INVALID_ARGUMENT, "ep_model_input_dim: out is NULL");
+  if (index < 0 || index >= model->num_inputs) {
+    return ep_fail(EP_ERR_INDEX, "input index %d out of range: the model has %d inputs", index,
+                   model->num_inputs);
+  }
+  info = &model->inputs[index];
+  if (dim < 0 || dim >= info->ndim) {
+    return ep_fail(EP_ERR_INDEX, "dimension %d out of range: input %d '%s' has %d dimensions", dim,
+                   index, info->name, info->ndim);
+  }
+  ref = model->input_dims[index].ref[dim];
+  if (ref < 0) {
+    out->name = "";
+    out->min = out->max = info->shape[dim];
+    out->step = 1;
+  } else {
+    out->name = model->dims[ref].name;
+    out->min = model->dims[ref].min;
+    out->max = model->dims[ref].max;
+    out->step = model->dims[ref].step;
+  }
+  return EP_OK;
+}
+
+/* Every dynamic dimension has one value across the inputs set now. */
+static ep_status ep_check_shared_dims(const ep_model* m) {
+  int k, i, d;
+  for (k = 0; k < m->num_dims; ++k) {
+    int first_input = -1, first_axis = -1;
+    int64_t value = 0;
+    for (i = 0; i < m->num_inputs; ++i) {
+      for (d = 0; d < m->inputs[i].ndim; ++d) {
+        if (m->input_dims[i].ref[d] != k) continue;
+        if (first_input < 0) {
+          first_input = i;
+          first_axis = d;
+          value = m->slots[i].shape[d];
+        } else if (m->slots[i].shape[d] != value) {
+          return ep_fail(EP_ERR_SHAPE,
+                         "dimension %s is %lld in input %d '%s' (dimension %d) but %lld in input "
+                         "%d '%s' (dimension %d); every use of %s must have the same value",
+                         m->dims[k].name, (long long)value, first_input,
+                         m->inputs[first_input].name, first_axis,
+                         (long long)m->slots[i].shape[d], i, m->inputs[i].name, d,
+                         m->dims[k].name);
+        }
+      }
+    }
+  }
+  return EP_OK;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -2217,6 +2518,8 @@ ep_status ep_model_run(ep_model* model) {
                      model->inputs[i].name);
     }
   }
+  st = ep_check_shared_dims(model);
+  if (st != EP_OK) return st;
   ep_clear_outputs(model);
   if (model->num_inputs > 16) {
     args = (TVMFFIAny*)malloc((size_t)model->num_inputs * sizeof(TVMFFIAny));
@@ -2296,6 +2599,25 @@ ep_status ep_model_get_output(const ep_model* model, int index, const void** out
   if (st != EP_OK) return st;
   *out_data = (const char*)t->data + t->byte_offset;
   *out_byte_size = ep_produced_size(t);
+  return EP_OK;
+}
+
+ep_status ep_model_output_shape(const ep_model* model, int index, int32_t* out_ndim,
+                               int64_t* out_shape) {
+  const DLTensor* t = NULL;
+  ep_status st;
+  int d;
+  if (out_ndim == NULL || out_shape == NULL) {
+    return ep_fail(EP_ERR_INVALID_ARGUMENT, "ep_model_output_shape: out_ndim or out_shape is NULL");
+  }
+  st = ep_output_ref(model, index, &t);
+  if (st != EP_OK) return st;
+  if (t->ndim > EP_MAX_NDIM) {
+    return ep_fail(EP_ERR_RUNTIME, "output %d has %d dimensions, more than EP_MAX_NDIM", index,
+                   (int)t->ndim);
+  }
+  *out_ndim = t->ndim;
+  for (d = 0; d < t->ndim; ++d) out_shape[d] = t->shape[d];
   return EP_OK;
 }
 

@@ -136,8 +136,16 @@ static void test_open_errors(const char* model, const char* wrong_arch, const ch
   CHECK_STATUS(ep_model_open(model, path, &m), EP_ERR_METADATA);
   CHECK(write_text(path, "not-edgepack 1\n"));
   CHECK_STATUS(ep_model_open(model, path, &m), EP_ERR_METADATA);
-  CHECK(write_text(path, "edgepack-model-meta 2\n"));
+  CHECK(write_text(path, "edgepack-model-meta 3\n"));
   CHECK_STATUS(ep_model_open(model, path, &m), EP_ERR_METADATA);
+  CHECK(strstr(ep_last_error(), "version") != NULL);
+  /* version 2 (dynamic dimensions): an undeclared dimension name, a 'dim' line after an input */
+  CHECK(write_text(path, "edgepack-model-meta 2\ninput x float32 1,W\noutput y float32 2\n"));
+  CHECK_STATUS(ep_model_open(model, path, &m), EP_ERR_METADATA);
+  CHECK(strstr(ep_last_error(), "line 2") != NULL && strstr(ep_last_error(), "'W'") != NULL);
+  CHECK(write_text(path, "edgepack-model-meta 2\ninput x float32 1\ndim W 1 2 1\noutput y float32 2\n"));
+  CHECK_STATUS(ep_model_open(model, path, &m), EP_ERR_METADATA);
+  CHECK(strstr(ep_last_error(), "line 3") != NULL);
   /* an input count that does not match the model's main function */
   CHECK(write_text(path, "edgepack-model-meta 1\n"
                          "input a float32 1\ninput b float32 1\ninput c float32 1\n"
@@ -204,6 +212,13 @@ static void test_model(const char* model_path, const char* workdir) {
   CHECK_STATUS(ep_model_output_info(m, nout, &info), EP_ERR_INDEX);
   CHECK_STATUS(ep_model_input_info(m, 0, NULL), EP_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(ep_model_input_info(m, 0, &info), EP_OK);
+  if (info.ndim > 0) { /* a static dimension's range is its extent */
+    ep_dim_range r;
+    CHECK_STATUS(ep_model_input_dim(m, 0, 0, &r), EP_OK);
+    CHECK(r.name != NULL && r.name[0] == '\0' && r.min == info.shape[0] && r.max == info.shape[0] &&
+          r.step == 1);
+    CHECK_STATUS(ep_model_input_dim(m, 0, info.ndim, &r), EP_ERR_INDEX);
+  }
   CHECK_STATUS(ep_model_find_input(m, info.name, &idx), EP_OK);
   CHECK(idx == 0);
   CHECK_STATUS(ep_model_find_input(m, "no such input", &idx), EP_ERR_NOT_FOUND);
@@ -214,6 +229,11 @@ static void test_model(const char* model_path, const char* workdir) {
   CHECK_STATUS(ep_model_run(m), EP_ERR_STATE);
   CHECK(strstr(ep_last_error(), "was not set") != NULL);
   CHECK_STATUS(ep_model_get_output(m, 0, &data, &size), EP_ERR_STATE);
+  {
+    int32_t ndim = 0;
+    int64_t shape[EP_MAX_NDIM];
+    CHECK_STATUS(ep_model_output_shape(m, 0, &ndim, shape), EP_ERR_STATE);
+  }
 
   inputs = (unsigned char**)calloc((size_t)nin, sizeof(unsigned char*));
   for (i = 0; i < nin; ++i) {
@@ -257,6 +277,13 @@ static void test_model(const char* model_path, const char* workdir) {
   CHECK_STATUS(ep_model_get_output(m, 0, NULL, &size), EP_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(ep_model_get_output(m, 0, &data, &size), EP_OK);
   CHECK(data != NULL && size == out_info.byte_size);
+  {
+    int32_t ndim = -1;
+    int64_t shape[EP_MAX_NDIM];
+    CHECK_STATUS(ep_model_output_shape(m, 0, &ndim, shape), EP_OK);
+    CHECK(ndim == out_info.ndim && (ndim == 0 || memcmp(shape, out_info.shape,
+                                                        (size_t)ndim * sizeof(int64_t)) == 0));
+  }
   first_output = (unsigned char*)malloc(size + 1);
   CHECK_STATUS(ep_model_copy_output(m, 0, first_output, size - 1), EP_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(ep_model_copy_output(m, 0, first_output, size), EP_OK);
