@@ -63,7 +63,7 @@ def _run(cmd, *, check=True, env=None) -> subprocess.CompletedProcess:
 def _build_model(triple: str, out: Path) -> Path:
     """The tiny model with a symbolic W, compiled for ``triple``, metadata embedded."""
     import tvm
-    from tvm.script import ir as I  # noqa: E741
+    from tvm.script import ir as I
     from tvm.script import relax as R
 
     @I.ir_module
