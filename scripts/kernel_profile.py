@@ -76,19 +76,23 @@ def kernel_flops(build: Path, manifest) -> dict[str, float]:
     return {t.name: t.flop for t in host_tasks(build / manifest.model_file, shapes)}
 
 
-def profile_build(build: Path, threads: int, runs: int, warmup: int = 5, flops: dict[str, float] | None = None) -> Profile:
+def profile_build(build: Path, threads: int, runs: int, warmup: int = 5, flops: dict[str, float] | None = None,
+                  size: dict[str, int] | None = None) -> Profile:
     """Time every kernel of ``build`` inside the model (TVM's pool already set to ``threads``:
-    ``edgepack.run.threads.use_threads_here``)."""
+    ``edgepack.run.threads.use_threads_here``); a build with ``--dim`` ranges at ``size`` (default: each dim
+    at its smallest)."""
     import tvm
 
     from edgepack.manifest import read_manifest
     from edgepack.run.host import load_host_library
+    from edgepack.dims import at_size, check_sizes, dims_from_dict
     from edgepack.tensors import random_inputs
 
     manifest = read_manifest(build)
     device = tvm.cpu()
     vm = load_host_library(build / manifest.artifacts["host_library"].path, device)
-    inputs = random_inputs(manifest.inputs, 0)
+    specs = at_size(manifest.inputs, size or check_sizes(dims_from_dict(manifest.dims))[0])
+    inputs = random_inputs(specs, 0)
     args = [tvm.runtime.tensor(inputs[t.name], device) for t in manifest.inputs]
     main = vm["main"]
     for _ in range(warmup):
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="kernels in the table (the rest summed)")
     parser.add_argument("--no-flops", action="store_true", help="skip GFLOP/s (no import of the model)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--size", action="append", metavar="NAME=VALUE",
+                        help="a build with --dim ranges: the size to run at (repeat per dim) [default: the smallest]")
     args = parser.parse_args(argv)
     if (args.threads is not None and args.threads < 1) or args.runs < 1:
         parser.error("--threads and --runs must be at least 1")
@@ -166,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     if manifest.profile_name != "host":
         parser.error(f"{args.build} was built for the {manifest.profile_name} profile; this script times a build "
                      "on this machine: compile the model with `--profile host` and profile that build")
-    flops = None if args.no_flops else kernel_flops(args.build, manifest)
+    from edgepack.dims import dims_from_dict, parse_sizes
+
+    size = parse_sizes(args.size, dims_from_dict(manifest.dims))
+    flops = None if args.no_flops or manifest.dims else kernel_flops(args.build, manifest)
     threads = use_threads_here(args.threads)  # before the first parallel kernel sizes TVM's pool
-    result = profile_build(args.build, threads, args.runs, flops=flops)
+    result = profile_build(args.build, threads, args.runs, flops=flops, size=size)
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:

@@ -79,11 +79,12 @@ def test_wrong_input_shapes_are_explained(models, shapes, match):
         import_model(models["ppocr_cls"].path, shapes)
 
 
-@pytest.mark.parametrize("text", ["x", "x:", "x:1,a", ":1,2", "x:0,3"])
+@pytest.mark.parametrize("text", ["x", "x:", "x:1,2a", ":1,2", "x:0,3", "x:1,W-1"])
 def test_input_shape_syntax(text):
     with pytest.raises(ShapeError, match="Cannot read input shape"):
         parse_input_shapes([text])
     assert parse_input_shapes(["a/b:0:1,2"]) == {"a/b:0": (1, 2)}
+    assert parse_input_shapes(["x:1,3,48,W"]) == {"x": (1, 3, 48, "W")}  # W: a --dim range
 
 
 def test_inspect_reports_per_operator_support(models, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from edgepack.errors import ModelError, first_line
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ModelInfo
-from edgepack.dims import Dims, dims_used
+from edgepack.dims import DimRange, Dims, dims_used
 from edgepack.tensors import Dim, TensorSpec
 
 
@@ -96,8 +96,9 @@ def import_onnx(info: ModelInfo, inputs: tuple[TensorSpec, ...], dims: Dims | No
 
     static = load_onnx(info.path)
     folded = _fold_onnx_constants(static, inputs)  # also fixes the input shapes of ``static``
-    variables = symbolic_dims(inputs)
-    kwargs = {"shape_dict": {t.name: [variables.get(d, d) for d in t.shape] for t in inputs},
+    dims = dims or {}
+    symbols = {name: SteppedDim(dims[name]) for name in dims_used(inputs)}
+    kwargs = {"shape_dict": {t.name: [symbols[d].value if d in symbols else d for d in t.shape] for t in inputs},
               "dtype_dict": {t.name: t.dtype for t in inputs}, "opset": info.opset}
     try:
         mod = from_onnx(folded, **kwargs)
@@ -110,23 +111,64 @@ def import_onnx(info: ModelInfo, inputs: tuple[TensorSpec, ...], dims: Dims | No
             mod = from_onnx(static, **kwargs)
         except Exception:  # noqa: BLE001 - the folded graph's error is the one to report
             raise first from None
-    return with_upper_bounds(mod, dims or {}) if variables else mod
+    return with_symbolic_inputs(mod, inputs, symbols) if symbols else mod
 
 
-def symbolic_dims(inputs: tuple[TensorSpec, ...]) -> dict:
-    """One TIR variable per dimension name the input shapes use."""
-    from tvm import tirx
+class SteppedDim:
+    """A ``--dim`` in the program. With a step the model sees ``step * n + rest`` (``rest = min % step``) and
+    ``n`` is the variable: a detector's H in 320..640:32 is ``32 * n``, so that the 1/32 feature map it makes
+    (``(H - 1) // 32 + 1``) upsampled twice is provably the 1/16 map it is added to, as the model's grid
+    promises; ``main`` takes the plain H and defines ``n`` from it (checking the step at run time)."""
 
-    return {name: tirx.Var(name, "int64") for name in dims_used(inputs)}
+    def __init__(self, r: DimRange):
+        from tvm import tirx
+
+        self.range = r
+        self.outer = tirx.Var(r.name, "int64")  # what main's parameter shape says
+        self.rest = r.min % r.step
+        self.inner = tirx.Var(f"{r.name}_{r.step}", "int64") if r.step > 1 else self.outer
+        self.value = self.inner * r.step + self.rest if r.step > 1 else self.outer
+
+    @property
+    def stepped(self) -> bool:
+        return self.range.step > 1
+
+    def upper_bounds(self) -> dict[str, int]:
+        bounds = {self.outer.name: self.range.max}
+        if self.stepped:
+            bounds[self.inner.name] = (self.range.max - self.rest) // self.range.step
+        return bounds
 
 
-def with_upper_bounds(mod, dims: Dims):
-    """``main`` annotated with each dim's largest value, which Relax's memory planning reads
-    (``tir_var_upper_bound``), and as non-negative (``tir_non_negative_var``)."""
+def with_symbolic_inputs(mod, inputs: tuple[TensorSpec, ...], symbols: dict[str, SteppedDim]):
+    """``main`` taking each input with its plain dims (``x: 1,3,H,W``), the stepped ones' variables defined from
+    them in a first binding block, and annotated with every variable's largest value, which Relax's memory
+    planning reads (``tir_var_upper_bound``), and as non-negative (``tir_non_negative_var``)."""
+    from tvm import relax, tirx
+
     main = mod["main"]
-    names = [name for name in dims]
-    main = main.with_attr("tir_var_upper_bound", {name: dims[name].max for name in names})
-    main = main.with_attr("tir_non_negative_var", names)
+    stepped = [d for d in symbols.values() if d.stepped]
+    if stepped:
+        params, bindings = [], []
+        known = relax.ShapeExpr([tirx.floordiv(d.outer - d.rest, d.range.step) for d in stepped])
+        bindings.append(relax.MatchCast(relax.Var("stepped_dims", relax.ShapeType([d.inner for d in stepped])), known,
+                                        relax.ShapeType([d.inner for d in stepped])))
+        by_name = {t.name: t for t in inputs}
+        for param in main.params:
+            spec = by_name.get(param.name)
+            if spec is None or not any(isinstance(d, str) and symbols[d].stepped for d in spec.shape):
+                params.append(param)
+                continue
+            outer_shape = [symbols[d].outer if isinstance(d, str) else d for d in spec.shape]
+            plain = relax.Var(param.name, relax.TensorType(outer_shape, param.ty.dtype))
+            params.append(plain)
+            bindings.append(relax.MatchCast(param, plain, param.ty))  # H == step * n + rest, checked
+        body = main.body
+        body = relax.SeqExpr([relax.BindingBlock(bindings), *body.blocks], body.body)
+        main = relax.Function(params, body, main.ret_ty, main.is_pure, main.attrs)
+    bounds = {k: v for d in symbols.values() for k, v in d.upper_bounds().items()}
+    main = main.with_attr("tir_var_upper_bound", bounds)
+    main = main.with_attr("tir_non_negative_var", list(bounds))
     mod["main"] = main
     return mod
 

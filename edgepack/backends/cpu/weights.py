@@ -32,7 +32,7 @@ def worth_folding(call, args: list) -> bool:
     out_bytes = 0
     for field in fields:
         shape = getattr(getattr(field, "shape", None), "values", None)
-        if shape is None or not all(hasattr(d, "value") for d in shape):
+        if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
             return False
         elements = 1
         for d in shape:

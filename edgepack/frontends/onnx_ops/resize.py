@@ -158,6 +158,11 @@ class Resize(OnnxOpConverter):
         given = [v for v in (scales, sizes) if v is not None and v.size]
         if len(given) != 1 or not isinstance(x.ty, relax.TensorType) or x.ty.shape is None \
                 or not all(isinstance(d, tvm.tirx.IntImm) for d in x.ty.shape):
+            if scales is not None and scales.size and x.ty.shape is not None and _np.all(scales == _np.round(scales)) \
+                    and _np.all(scales >= 1):
+                # a symbolic extent (--dim) scaled by a whole number: the output extent as integer arithmetic
+                # (TVM's float product cannot be proven equal to the map it is added to), exact coordinates
+                inputs = type(inputs)([x, inputs[1], relax.ShapeExpr([int(v) for v in scales]), *inputs[3:]])
             return _tvm.Resize.get_converter(18)(bb, inputs, attr, params)
         mode = _attr_str(attr, "mode", "nearest")
         if _tvm_resize_is_exact(_shape(x), roi, scales, sizes, attr, mode):

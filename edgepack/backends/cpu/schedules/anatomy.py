@@ -196,20 +196,49 @@ def divisor_gcd(exprs, var) -> int:
     return found
 
 
+def is_constant(extent) -> bool:
+    """An extent known at compile time (a ``tirx.IntImm``; a ``Cast`` of a symbolic one has a ``value`` too)."""
+    from tvm import tirx
+
+    return isinstance(extent, tirx.IntImm)
+
+
 def static_extent(sch, loop) -> int | None:
     extent = sch.get(loop).extent
-    return int(extent.value) if hasattr(extent, "value") else None
+    return int(extent.value) if is_constant(extent) else None
 
 
-def trivially_bound(sch, block) -> bool:
-    """Each iteration variable is bound to one loop of the same, static extent, in loop order."""
+#: what a schedule assumes of an extent that changes at run time (an input's ``--dim``) where it needs a number:
+#: long enough to be worth a parallel loop
+SYMBOLIC_EXTENT = 256
+
+
+def dim_hint(extent) -> int:
+    """A buffer's or loop's extent as a number: ``SYMBOLIC_EXTENT`` where it changes at run time."""
+    return int(extent.value) if is_constant(extent) else SYMBOLIC_EXTENT
+
+
+def extent_hint(sch, loop) -> int:
+    """A loop's extent, or ``SYMBOLIC_EXTENT`` where it changes at run time."""
+    extent = static_extent(sch, loop)
+    return SYMBOLIC_EXTENT if extent is None else extent
+
+
+def trivially_bound(sch, block, symbolic: bool = False) -> bool:
+    """Each iteration variable is bound to one loop of the same, static extent, in loop order (``symbolic``:
+    or of the same extent that changes at run time)."""
+    import tvm_ffi
+
     loops = sch.get_loops(block)
     ivars = sch.get(block).iter_vars
     if len(loops) != len(ivars):
         return False
     for loop, iv in zip(loops, ivars):
         extent = static_extent(sch, loop)
-        if extent is None or not hasattr(iv.dom.extent, "value") or extent != int(iv.dom.extent.value):
+        if extent is None and symbolic and not is_constant(iv.dom.extent) \
+                and tvm_ffi.structural_equal(sch.get(loop).extent, iv.dom.extent):
+            continue
+        if extent is None or not is_constant(iv.dom.extent) or extent != int(iv.dom.extent.value):
             return False
     return True
 
@@ -249,8 +278,8 @@ def reads_per_element(sch, consumer, producer) -> float:
     squared; a per-channel value broadcast over an image: the pixels)."""
     stmt = sch.get(consumer)
     written = sch.get(producer).writes[0].source
-    elements = prod(int(d) for d in written.shape) if all(hasattr(d, "value") for d in written.shape) else 0
-    iterations = prod(int(iv.dom.extent.value) for iv in stmt.iter_vars if hasattr(iv.dom.extent, "value"))
+    elements = prod(int(d) for d in written.shape) if all(is_constant(d) for d in written.shape) else 0
+    iterations = prod(int(iv.dom.extent.value) for iv in stmt.iter_vars if is_constant(iv.dom.extent))
     return iterations / elements if elements else 1.0
 
 
@@ -319,7 +348,7 @@ def anatomy_of(sch, block, pads: list[Any] | None = None, after: list[Any] | Non
     chose), None where its loops are not bound one to one or it is not a reduction over a tensor."""
     from tvm import tirx
 
-    if not trivially_bound(sch, block):
+    if not trivially_bound(sch, block, symbolic=True):
         return None
     stmt = sch.get(block)
     ivars = list(stmt.iter_vars)
@@ -334,7 +363,7 @@ def anatomy_of(sch, block, pads: list[Any] | None = None, after: list[Any] | Non
     output = stmt.writes[0]
     return Anatomy(
         block=block, after=list(after or []), pads=list(pads or []), iter_vars=ivars, spatial=spatial, reduce=reduce,
-        extents=[int(iv.dom.extent.value) for iv in ivars],
+        extents=[int(iv.dom.extent.value) if is_constant(iv.dom.extent) else SYMBOLIC_EXTENT for iv in ivars],
         output_axes=[var_of(r.min) for r in output.region],
         reads=[Read(r.source, [x.min for x in r.region]) for r in stmt.reads if not r.source.same_as(output.source)],
         dtype_bits=int(output.source.dtype.bits),

@@ -6,6 +6,7 @@ from typing import Any
 
 from edgepack.backends.cpu.schedules.anatomy import (
     child_blocks,
+    is_constant,
     is_spatial,
     reduction_anatomy,
     static_extent,
@@ -77,7 +78,7 @@ def scaled_input(sch) -> Any:
 
 
 def _static(buffer) -> bool:
-    return all(hasattr(x, "value") for x in buffer.shape)
+    return all(is_constant(x) for x in buffer.shape)
 
 
 def _per_channel(buffer, channels: int) -> bool:

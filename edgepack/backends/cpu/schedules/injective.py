@@ -23,7 +23,7 @@ class Injective(CpuRule):
 
     def schedule(self, sch, cpu: CpuInfo) -> bool:
         blocks = child_blocks(sch)
-        if not blocks or not all(is_spatial(sch, b) and trivially_bound(sch, b) and stores_one_value(sch, b)
+        if not blocks or not all(is_spatial(sch, b) and trivially_bound(sch, b, symbolic=True) and stores_one_value(sch, b)
                                  for b in blocks):
             return False
         for block in blocks[:-1]:

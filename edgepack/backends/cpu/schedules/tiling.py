@@ -25,7 +25,10 @@ from typing import Any
 from edgepack.backends.cpu.schedules.anatomy import (
     Anatomy,
     child_blocks,
+    dim_hint,
+    extent_hint,
     index_period,
+    is_constant,
     is_spatial,
     scalar_only,
     static_extent,
@@ -199,7 +202,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     reductions = [loops[k] for k in anatomy.reduce]
     sch.reorder(*outer, *channel_tiles, *reductions, *inner)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if (static_extent(sch, fused) or 1) > 1 and prod(anatomy.extents) >= PARALLEL_MIN_MULTIPLY_ADDS:
+    if extent_hint(sch, fused) > 1 and prod(anatomy.extents) >= PARALLEL_MIN_MULTIPLY_ADDS:
         sch.parallel(fused)
     tile_loop = channel_tiles[0] if channel_tiles else fused  # where one register tile's output is stored
 
@@ -306,7 +309,7 @@ def _pixels_outweigh_weights(anatomy: Anatomy) -> bool:
     sizes = {True: 0, False: 0}
     for read in anatomy.reads:
         uses = any(register in anatomy.vars_in(index) for index in read.indices)
-        sizes[uses] += prod(int(x) for x in read.buffer.shape)
+        sizes[uses] += prod(dim_hint(x) for x in read.buffer.shape)
     return sizes[True] > sizes[False]
 
 
@@ -355,13 +358,16 @@ def _inline_other_operands(sch, consumer, block) -> bool:
     return sum(_folds(sch.compute_inline, other) for other in others) > 0
 
 
-def _crops(shape: tuple[int, ...], kept: tuple[int, ...]) -> bool:
-    """``kept`` is a part of ``shape`` (no larger along any axis, smaller along one)."""
-    return len(kept) == len(shape) and kept != shape and all(k <= s for k, s in zip(kept, shape))
+def _crops(shape: tuple, kept: tuple) -> bool:
+    """``kept`` is a part of ``shape`` (no larger along any axis, smaller along one; an extent that changes
+    at run time only where both are the same)."""
+    return len(kept) == len(shape) and kept != shape and all(
+        k == s or (isinstance(k, int) and isinstance(s, int) and k <= s) for k, s in zip(kept, shape))
 
 
-def _output_shape(sch, block) -> tuple[int, ...]:
-    return tuple(int(x) for x in sch.get(block).writes[0].source.shape)
+def _output_shape(sch, block) -> tuple:
+    """The block's output extents: ints, or the text of those that change at run time."""
+    return tuple(int(x) if is_constant(x) else str(x) for x in sch.get(block).writes[0].source.shape)
 
 
 def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles: int = 1) -> None:
@@ -386,7 +392,8 @@ def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles:
         channels = _output_shape(sch, pad)[-1]
         if channel_tiles > 1 and channels % cpu.lanes(bits) == 0:
             continue  # padded once: ``schedule_leftovers`` runs the pass in parallel, in vectors
-        sch.compute_at(pad, tile_loop)
+        if not _folds(lambda b: sch.compute_at(b, tile_loop), pad):
+            continue  # extents that change at run time TVM cannot bound per tile: a pass of its own (leftovers)
         loops = sch.get_loops(pad)[1:]
         if not loops:
             continue
@@ -423,13 +430,13 @@ def parallel_vectorize(sch, block, cpu: CpuInfo, *, odd_vectors: bool = True) ->
     if scalar or (not odd_vectors and lanes & (lanes - 1)):
         # the loop nest as it is (fused, LLVM contracted the index arithmetic differently; and LLVM's own
         # vectorizer takes an odd-width row): its first loop of more than one trip runs in parallel
-        extents = [static_extent(sch, loop) or 1 for loop in loops]
+        extents = [extent_hint(sch, loop) for loop in loops]
         first = next((k for k, extent in enumerate(extents[:-1]) if extent > 1), None)
         if first is not None and prod(extents) >= PARALLEL_MIN_ELEMENTS:
             sch.parallel(loops[first])
         return
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    total = static_extent(sch, flat) or 1
+    total = extent_hint(sch, flat)
     elements = total
     if lanes > 1:
         outer, lane = sch.split(flat, [None, lanes])
