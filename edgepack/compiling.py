@@ -105,6 +105,9 @@ def compile_model(
     backend.preflight(profile, log=say)
 
     dims = parse_dims(dims) if isinstance(dims, list) else dict(dims or {})
+    if dims and backend.no_symbolic_shapes:
+        raise ShapeError(f"{profile.name} builds cannot take --dim yet: {backend.no_symbolic_shapes}.",
+                         "Compile one build per size with --input-shape, or use a CPU profile.")
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes, dims)
     model_outputs = output_specs(imported)

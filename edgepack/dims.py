@@ -153,3 +153,9 @@ def sizes_of(arrays: dict[str, Any], specs: tuple[TensorSpec, ...], dims: Dims) 
             dims[want].check(int(got))
             sizes[want] = int(got)
     return sizes
+
+
+def largest(specs: tuple[TensorSpec, ...], dims: Dims) -> tuple[TensorSpec, ...]:
+    """The input specs at each dim's largest size (what ``bench`` times a dynamic build at: its planned worst
+    case)."""
+    return at_size(specs, {name: r.max for name, r in dims.items()}) if dims else specs

@@ -83,9 +83,9 @@ def profile_build(build: Path, threads: int, runs: int, warmup: int = 5, flops: 
     at its smallest)."""
     import tvm
 
+    from edgepack.dims import at_size, check_sizes, dims_from_dict
     from edgepack.manifest import read_manifest
     from edgepack.run.host import load_host_library
-    from edgepack.dims import at_size, check_sizes, dims_from_dict
     from edgepack.tensors import random_inputs
 
     manifest = read_manifest(build)

@@ -10,7 +10,7 @@ it is dealing with by name.
     backends                CPU, OpenCL, Vulkan behind one interface
     processing              pre-/post-processing compiled around a model, and its independent reference
     frontends, toolchain    model formats; compilers, runtimes, plug-ins
-    basics                  errors, versions, paths, files, progress, tensors, text, manifest, profiles, samples,
+    basics                  errors, versions, paths, files, progress, tensors, dims, text, manifest, profiles, samples,
                             degenerate
 """
 
@@ -24,7 +24,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "edgepack"
 
 LAYERS: list[set[str]] = [
-    {"errors", "versions", "paths", "files", "progress", "tensors", "text", "manifest", "profiles", "samples",
+    {"errors", "versions", "paths", "files", "progress", "tensors", "dims", "text", "manifest", "profiles", "samples",
      "degenerate"},
     {"frontends", "toolchain"},
     {"processing"},

@@ -146,6 +146,8 @@ class Backend(ABC):
     #: Why its kernels cannot read 8-bit tensors, or None when they can. Compiled-in pre-processing
     #: then reads uint8 camera frames as 32-bit words (``edgepack.processing``).
     no_byte_tensors: ClassVar[str | None] = None
+    #: Why it cannot compile inputs whose dimensions change at run time (``compile --dim``), or None when it can.
+    no_symbolic_shapes: ClassVar[str | None] = "its kernel schedules need static shapes (so far only CPU builds take --dim)"
 
     # --- compiling -------------------------------------------------------------------------------
 

@@ -28,6 +28,42 @@ def is_scheduled(func) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs and func.attrs["tirx.is_scheduled"] == 1
 
 
+def has_symbolic_extents(func) -> bool:
+    """Whether a loop of the kernel has an extent that changes at run time (an input's ``--dim``)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    found: list[bool] = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: found.append(not isinstance(loop.extent, tirx.IntImm)))],
+                            order="pre")
+    return any(found)
+
+
+def lowers(func, target) -> bool:
+    """Whether TVM's TIR lowering takes the scheduled ``func``: a rule's schedule of symbolic extents may
+    ask for what only constant ones allow (a split it cannot prove divides, an unrolled loop of run-time
+    length), which TVM finds only when lowering, where it would fail the whole build; such a kernel is
+    left to the next rule. Kernels of static shapes are not checked (the rules are tested on them).
+    The passes are the first part of TVM's ``default_s_tir_pipeline``, through the loop unrolling."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    lower = tvm.transform.Sequential([
+        s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(), s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.CompactBufferAllocation(), s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(), s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+        tirx.transform.NarrowDataType(32), s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(True),
+        tirx.transform.StorageRewrite(), tirx.transform.UnrollLoop(),
+    ])
+    try:
+        with target:
+            lower(tvm.IRModule({"main": func.with_attrs({"target": target, "global_symbol": "main"})}))
+    except Exception:  # noqa: BLE001 - TVM's check failures
+        return False
+    return True
+
+
 #: a kernel whose schedule does this many times the arithmetic of its operators apart recomputes a producer
 #: (an activation read twice and inlined twice, as a hard-swish, stays under it: cheaper than a pass to memory)
 RECOMPUTE_FACTOR = 1.5
@@ -81,7 +117,11 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                     if space is None:
                         continue
                     sch = space if not isinstance(space, list) else space[0]
-                    updated[gvar] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    if has_symbolic_extents(func) and not lowers(scheduled, target):
+                        logger.debug("%s's schedule of %s does not lower", rule_name(rule), name)
+                        continue
+                    updated[gvar] = scheduled
                     record[name] = rule_name(rule)
                     if recomputed is not None and (factor := recomputation(func, updated[gvar])) is not None:
                         recomputed[name] = factor

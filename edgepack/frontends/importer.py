@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgepack.dims import Dims, dims_used, is_dim_name
 from edgepack.errors import ModelError, ShapeError, first_line
 from edgepack.frontends.onnx import import_onnx, inspect_onnx
 from edgepack.frontends.tflite import import_tflite, inspect_tflite
 from edgepack.frontends.types import ImportedModel, ModelInfo, format_shape
-from edgepack.dims import Dims, dims_used, is_dim_name
 from edgepack.tensors import Dim, ModelFormat, TensorSpec
 
 

@@ -10,10 +10,10 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from edgepack.dims import DimRange, Dims, dims_used
 from edgepack.errors import ModelError, first_line
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ModelInfo
-from edgepack.dims import DimRange, Dims, dims_used
 from edgepack.tensors import Dim, TensorSpec
 
 

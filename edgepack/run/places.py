@@ -23,6 +23,7 @@ import numpy as np
 from edgepack.backends import Backend, backend_for, backends, describe_device
 from edgepack.devices.inventory import Device, Inventory, load_inventory
 from edgepack.devices.session import DEFAULT_RECONNECT_WINDOW, DEFAULT_SESSION_TIMEOUT
+from edgepack.dims import dims_from_dict, largest
 from edgepack.errors import EdgepackError
 from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.progress import Progress
@@ -101,7 +102,7 @@ class ThisMachine(Place):
         count = use_threads_here(threads)
         started = time.monotonic()
         vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)
-        feeds = random_inputs(manifest.inputs)
+        feeds = random_inputs(largest(manifest.inputs, dims_from_dict(manifest.dims)))  # a --dim at its largest
         args = [tvm.runtime.tensor(contiguous(feeds[s.name]), device=device) for s in manifest.inputs]
         if progress:
             progress(f"Timing {build_dir.name} on this machine: {repeat} x {number} run{'s' * (number != 1)}")

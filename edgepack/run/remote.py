@@ -23,6 +23,7 @@ from edgepack.devices.session import (
     DEFAULT_SESSION_TIMEOUT,
     run_with_retries,
 )
+from edgepack.dims import dims_from_dict, largest
 from edgepack.errors import EdgepackError
 from edgepack.files import file_sha256
 from edgepack.manifest import BuildManifest, read_manifest
@@ -116,7 +117,7 @@ def model_timer(build_dir: Path, manifest: BuildManifest, *, repeat: int, number
     if repeat < 1 or number < 1 or warmup < 0:
         raise EdgepackError("--repeat and --number must be at least 1, and --warmup at least 0.")
     library = _device_library(Path(build_dir), manifest)
-    feeds = random_inputs(manifest.inputs)
+    feeds = random_inputs(largest(manifest.inputs, dims_from_dict(manifest.dims)))  # a --dim at its largest
 
     def op(remote: Any) -> tuple[list[float], str]:
         say(progress, f"Loading {Path(build_dir).name} on {label}")

@@ -36,6 +36,7 @@ class CpuBackend(Backend):
     label = "CPU"
     host_place = "host"
     tunable = True
+    no_symbolic_shapes = None
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
               records: TuningRecords | None = None) -> Build:

@@ -21,8 +21,8 @@ from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from edgepack.frontends.onnx_ops.common import _constant_of
 from edgepack.frontends.onnx_ops.registry import _SUBGRAPH_OPS, convert_map
 from edgepack.frontends.onnx_ops.static_if import StaticIfs
-from edgepack.frontends.onnx_ops.symbolic import agree_operands, shape_arithmetic
 from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
+from edgepack.frontends.onnx_ops.symbolic import agree_operands, shape_arithmetic
 
 
 class _Importer(_tvm.ONNXGraphImporter):
