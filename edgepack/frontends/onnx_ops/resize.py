@@ -158,7 +158,8 @@ class Resize(OnnxOpConverter):
         given = [v for v in (scales, sizes) if v is not None and v.size]
         if len(given) != 1 or not isinstance(x.ty, relax.TensorType) or x.ty.shape is None \
                 or not all(isinstance(d, tvm.tirx.IntImm) for d in x.ty.shape):
-            if scales is not None and scales.size and x.ty.shape is not None and _np.all(scales == _np.round(scales)) \
+            if scales is not None and scales.size and x.ty.shape is not None and len(given) == 1 \
+                    and _np.all(scales == _np.round(scales)) \
                     and _np.all(scales >= 1):
                 # a symbolic extent (--dim) scaled by a whole number: the output extent as integer arithmetic
                 # (TVM's float product cannot be proven equal to the map it is added to), exact coordinates

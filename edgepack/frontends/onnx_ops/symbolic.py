@@ -102,13 +102,16 @@ def shape_arithmetic(op_name: str, inputs: list, attrs: dict) -> relax.ShapeExpr
     ONNX exporters compute reshape targets at run time (Shape -> Slice -> Cast -> Concat -> Reshape); with
     fixed inputs ONNX Runtime folds those chains to constants before import, with a symbolic dimension they
     stay, and TVM's converters turn the shape into a tensor at the first Cast or Slice, after which Reshape
-    has no shape to take. Only 1-d shape values are followed (the reshape targets exporters write)."""
+    has no shape to take. Only 1-d shape values are followed (the reshape targets exporters write), and only
+    where an extent is symbolic."""
     present = [x for x in inputs if x is not None]
     if not present or all(_shape_values(x) is None for x in present):
         return None
     operands = [_operand(x) for x in present]
     if any(o is None for o in operands):
         return None
+    if all(isinstance(v, int | tirx.IntImm) for o in operands for v in o):
+        return None  # static shapes: TVM's converters as they are (they fold them)
     values = operands[0]
     if op_name in ("Cast", "Identity"):
         if op_name == "Cast" and int(attrs.get("to", 7)) not in (6, 7):  # int32, int64
