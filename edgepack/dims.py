@@ -60,14 +60,14 @@ def parse_dims(specs: list[str] | None) -> Dims:
             raise ShapeError(f"Cannot read --dim {spec!r}.",
                              "Write it as NAME=MIN..MAX or NAME=MIN..MAX:STEP, e.g. --dim W=32..1280:8.")
         name, lo, hi, step = match.group(1), int(match.group(2)), int(match.group(3)), int(match.group(4) or 1)
-        if lo < 1 or hi < lo or step < 1 or (hi - lo) % step:
+        if lo < 1 or hi < lo or step < 1:
+            raise ShapeError(f"--dim {spec!r} is not a range of sizes: it needs 1 <= MIN <= MAX and STEP >= 1.",
+                             f"E.g. --dim {name}={max(min(lo, hi), 1)}..{max(lo, hi, 1)}.")
+        if (hi - lo) % step:
             raise ShapeError(
-                f"--dim {spec!r} is not a range of sizes: it needs 1 <= MIN <= MAX and a STEP that goes from MIN"
-                f" to MAX ({hi} - {lo} is not a multiple of {step})." if step >= 1 and hi >= lo >= 1 and (hi - lo) % step
-                else f"--dim {spec!r} is not a range of sizes: it needs 1 <= MIN <= MAX and STEP >= 1.",
-                f"E.g. --dim {name}={max(lo, 1)}..{max(hi, lo, 1)}" + (f":{step}" if step > 1 else "") + "; with a"
-                " step, MAX - MIN must be a multiple of it.",
-            )
+                f"--dim {spec!r} is not a range of sizes: its STEP does not go from MIN to MAX ({hi} - {lo} is not"
+                f" a multiple of {step}).",
+                f"End it on the step, e.g. --dim {name}={lo}..{hi - (hi - lo) % step}:{step}.")
         if name in dims:
             raise ShapeError(f"--dim {name} is given twice.", "Give each dimension one range.")
         dims[name] = DimRange(name, lo, hi, step)

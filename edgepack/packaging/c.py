@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from edgepack.backends import backend_for
+from edgepack.dims import dims_from_dict
 from edgepack.errors import EdgepackError
 from edgepack.files import atomic_directory, check_output_dir, file_sha256
-from edgepack.dims import dims_from_dict
 from edgepack.frontends import import_model
 from edgepack.manifest import BUILD_TUNING, read_manifest
 from edgepack.packaging.c_header import HEADER, model_header

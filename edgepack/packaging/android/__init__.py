@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends import backend_for
+from edgepack.dims import dims_from_dict
 from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.files import atomic_directory, check_output_dir
-from edgepack.dims import dims_from_dict
 from edgepack.frontends import import_model
 from edgepack.manifest import read_manifest
 from edgepack.packaging.android.aar import (
