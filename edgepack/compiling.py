@@ -186,7 +186,7 @@ def export_device_library(executable, root: Path, inputs, outputs, compilers: Co
                           dims: Dims | None = None) -> dict[str, Artifact]:
     """Write device/model.so with the C API's tensor metadata embedded (and device/model.meta)."""
     ranges = {name: (r.min, r.max, r.step) for name, r in (dims or {}).items()}
-    meta = model_meta_text(inputs, outputs, dims=ranges) if ranges else model_meta_text(inputs, outputs)
+    meta = model_meta_text(inputs, outputs, dims=ranges)  # version 1, as before, without dims
     (root / DEVICE_LIBRARY).parent.mkdir(parents=True, exist_ok=True)
     (root / DEVICE_META).write_text(meta)
     # -s: the symbol table and debug info are ~40% of the file and the device never needs them

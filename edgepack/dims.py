@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgepack.errors import ShapeError
-from edgepack.tensors import Shape, TensorSpec
+from edgepack.tensors import TensorSpec
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RANGE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*\Z")
@@ -132,9 +132,6 @@ def at_size(specs: tuple[TensorSpec, ...], sizes: dict[str, int]) -> tuple[Tenso
     return tuple(TensorSpec(s.name, s.dtype, tuple(sizes[d] if isinstance(d, str) else d for d in s.shape))
                  for s in specs)
 
-
-def concrete_shape(shape: tuple[Any, ...]) -> Shape:
-    return tuple(int(d) for d in shape)
 
 
 def sizes_of(arrays: dict[str, Any], specs: tuple[TensorSpec, ...], dims: Dims) -> dict[str, int]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from tvm import relax, tirx
 from tvm.sym import Analyzer
 
+from edgepack.frontends.onnx_ops.common import _const_value
+
 # operators whose operands broadcast against each other (or, Concat, agree off its axis)
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
                           "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
@@ -66,12 +68,9 @@ def _shape_values(expr) -> list | None:
 def _int_constant(expr) -> list | None:
     """A constant 0-d or 1-d integer tensor as a list of ints, or None."""
     import numpy as np
-    import tvm
 
-    if not isinstance(expr, tvm.ir.GenericConst):
-        return None
-    value = expr.value.numpy()
-    if value.ndim > 1 or not np.issubdtype(value.dtype, np.integer):
+    value = _const_value(expr)
+    if value is None or value.ndim > 1 or not np.issubdtype(value.dtype, np.integer):
         return None
     return [int(v) for v in value.reshape(-1)]
 

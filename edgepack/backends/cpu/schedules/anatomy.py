@@ -220,8 +220,7 @@ def dim_hint(extent) -> int:
 
 def extent_hint(sch, loop) -> int:
     """A loop's extent, or ``SYMBOLIC_EXTENT`` where it changes at run time."""
-    extent = static_extent(sch, loop)
-    return SYMBOLIC_EXTENT if extent is None else extent
+    return dim_hint(sch.get(loop).extent)
 
 
 def trivially_bound(sch, block, symbolic: bool = False) -> bool:
@@ -363,7 +362,7 @@ def anatomy_of(sch, block, pads: list[Any] | None = None, after: list[Any] | Non
     output = stmt.writes[0]
     return Anatomy(
         block=block, after=list(after or []), pads=list(pads or []), iter_vars=ivars, spatial=spatial, reduce=reduce,
-        extents=[int(iv.dom.extent.value) if is_constant(iv.dom.extent) else SYMBOLIC_EXTENT for iv in ivars],
+        extents=[dim_hint(iv.dom.extent) for iv in ivars],
         output_axes=[var_of(r.min) for r in output.region],
         reads=[Read(r.source, [x.min for x in r.region]) for r in stmt.reads if not r.source.same_as(output.source)],
         dtype_bits=int(output.source.dtype.bits),
