@@ -500,7 +500,7 @@ def test_tune_interrupt_resume_then_compile_and_validate(models, tmp_path):
 
     model = models["ppocr_cls"]  # PP-OCR's text direction classifier: real weights, small kernels
     out = tmp_path / "tuning"
-    batch, trials = 8, 40
+    batch, trials = 8, 32
     # its two heaviest convolutions (the second merged with the per-channel scaling before it): each first
     # measures its default schedule (a baseline in defaults.json, not a record), then gets a probe batch
     # (4), then batches of 8 revisit them
@@ -634,14 +634,14 @@ def test_tune_with_a_time_budget(models, tmp_path):
     out = tmp_path / "tuning"
     started = time.monotonic()
     result = json.loads(run_cli("tune", str(models["ppocr_cls"].path), "--input-shape", "x:1,3,48,192", "-o", str(out),
-                                "--trials", "10000", "--time-budget", "45s", "--batch", "4", "--json",
+                                "--trials", "10000", "--time-budget", "15s", "--batch", "4", "--json",
                                 check=True).stdout)
     assert result["stopped"] == "time" and 0 < result["trials"] < 10000
-    assert time.monotonic() - started < 45 + 240  # the batch in flight, plus imports and setup
-    assert result["seconds"] >= 45
+    assert time.monotonic() - started < 15 + 240  # the batch in flight, plus imports and setup
+    assert result["seconds"] >= 15
     # the budget is for the directory: a rerun has nothing left
     again = json.loads(run_cli("tune", str(models["ppocr_cls"].path), "-o", str(out), "--trials", "10000",
-                               "--time-budget", "45s", "--json", check=True).stdout)
+                               "--time-budget", "15s", "--json", check=True).stdout)
     assert again["stopped"] == "nothing to do" and again["trials"] == result["trials"]
 
 
@@ -690,7 +690,7 @@ def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_in
     cls = models["ppocr_cls"]
     out = tmp_path / "tuning"
     common = ("tune", str(cls.path), "--input-shape", "x:1,3,48,192", "--profile", "rpi4", "-o", str(out),
-              "--batch", "4", "--task", "conv2d", "--trials", "12")
+              "--batch", "4", "--task", "conv2d", "--trials", "8")
 
     # candidates built here with the aarch64 cross compiler, measured on the devices through the tracker;
     # killed once the first batch is recorded
@@ -702,7 +702,7 @@ def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_in
     _wait_unlocked(out)
     before = (out / RECORD_FILE).read_bytes()
     first = load_tuning(out)
-    assert first.trials in (4, 8)
+    assert first.trials == 4
     measured = [t for t in first.tasks if t.trials]
     assert measured and all(t.best_seconds for t in measured)  # real timings from the devices
 
@@ -710,10 +710,10 @@ def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_in
     second = json.loads(run_cli(*common, "--json", "--on", farm_inventory["devices"][0], env=env,
                                 check=True).stdout)
     assert second["on"] == farm_inventory["devices"][0]
-    assert second["trials_before"] == first.trials and second["trials"] == 12
-    assert second["trials_run"] == 12 - first.trials
+    assert second["trials_before"] == first.trials and second["trials"] == 8
+    assert second["trials_run"] == 8 - first.trials
     assert (out / RECORD_FILE).read_bytes().startswith(before)
-    assert _distinct_schedules(out) == (12, 12)
+    assert _distinct_schedules(out) == (8, 8)
 
     # the records applied (the measured tasks' defaults made slow, so that they surely are, whatever the
     # emulated devices' timings were): other kernels than the untuned build's, still right under qemu
