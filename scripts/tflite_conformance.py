@@ -146,6 +146,7 @@ OPS: dict[str, Op] = {
     "squared_difference": Op("SQUARED_DIFFERENCE", (x(1, 4, 4, 8), c(8)), (1, 4, 4, 8), "SquaredDifferenceOptions",
                              {}, F32_F16),
     "prelu": Op("PRELU", (x(1, 4, 4, 8), c(1, 1, 8, low=0.0, high=0.5)), (1, 4, 4, 8), None, {}, ALL),
+    "prelu_pixelwise": Op("PRELU", (x(1, 4, 4, 8), c(4, 4, 8, low=0.0, high=0.5)), (1, 4, 4, 8), None, {}, ALL),
     # activations and unary functions
     "relu": Op("RELU", (x(1, 4, 4, 8, low=-4, high=4),), (1, 4, 4, 8)),
     "relu6": Op("RELU6", (x(1, 4, 4, 8, low=-8, high=8),), (1, 4, 4, 8)),

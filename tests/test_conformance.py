@@ -89,11 +89,13 @@ DEVICE_CASES = [
 ]
 TFLITE_CASES = [
     "conv_2d.float32", "conv_2d.fp16", "conv_2d.int8", "depthwise_conv_2d.int8", "fully_connected.int8",
-    "transpose_conv.float32", "transpose_conv.int8", "prelu.int8", "arg_max.float32", "transpose.int8", "pad.int8",
+    "transpose_conv.float32", "transpose_conv.int8", "prelu.int8", "prelu.float32", "prelu_pixelwise.float32",
+    "prelu_pixelwise.int8", "arg_max.float32", "transpose.int8", "pad.int8",
     "resize_bilinear.int8", "softmax.int8", "mean.int8", "hard_swish.int8", "concatenation.fp16",
 ]
 TFLITE_DEVICE_CASES = ["conv_2d.int8", "conv_2d.fp16", "depthwise_conv_2d_mult2_stride2.int8", "transpose_conv.float32",
-                       "resize_bilinear.int8", "softmax.int8", "prelu.int8", "logistic.float32"]
+                       "resize_bilinear.int8", "softmax.int8", "prelu.int8", "prelu_pixelwise.float32",
+                       "logistic.float32"]
 
 
 def _sweep(module, cases, place=None) -> dict:

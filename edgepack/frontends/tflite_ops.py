@@ -9,7 +9,8 @@
   resize, gather, tile): TVM refuses these on quantized tensors, but they only move values, so they run
   on the int8 data as they are (a requantize follows where the output's scale or zero point differs;
   PAD already pads with the zero point).
-* int8 PRELU: computed in float between a dequantize and a quantize (TVM refuses it).
+* PRELU: alpha kept at its own size (TVM broadcast it to the input's shape: every slope H x W times in the
+  library); int8 PRELU computed in float between a dequantize and a quantize (TVM refuses it).
 * ARG_MAX / ARG_MIN: the output has the tensor's type (``OutputType``: int32 or int64; TVM always
   made int64).
 * TRANSPOSE_CONV: TVM imports it as an NHWC ``conv2d_transpose``, which no Relax legalization lowers
@@ -61,18 +62,26 @@ def operator_converter():
 
         def convert_prelu(self, op):
             data, alpha = self.get_input_tensors(op)
-            if data.qnn_params is None:
-                return super().convert_prelu(op)
-            shape = [int(d) for d in self.get_tensor_shape(data)]
-            x = self.bb.normalize(self.dequantize(self.get_tensor_expr(data), data))
+            x = self.get_tensor_expr(data)
+            if data.qnn_params:
+                x = self.bb.normalize(self.dequantize(x, data))
             slope = self.get_tensor_expr(alpha)
             if alpha.qnn_params:
                 slope = self.bb.normalize(self.dequantize(slope, alpha))
-            slope = self.bb.normalize(relax.op.broadcast_to(slope, shape))
-            slope = self.bb.normalize(relax.op.reshape(slope, [-1]))
-            flat = self.bb.normalize(relax.op.reshape(x, [-1]))
-            out = self.bb.normalize(relax.op.reshape(relax.op.nn.prelu(flat, slope, axis=0), shape))
-            return self.quantize(out, self.get_output_tensors(op)[0])
+            out = self._prelu(x, slope, [int(d) for d in self.get_tensor_shape(data)],
+                              [int(d) for d in self.get_tensor_shape(alpha)])
+            return self.quantize(out, self.get_output_tensors(op)[0]) if data.qnn_params else out
+
+        def _prelu(self, x, slope, shape: list[int], alpha_shape: list[int]):
+            """``x >= 0 ? x : alpha * x`` with alpha at its own size (TVM broadcast it to the input's shape
+            and flattened both, and constant folding then stored H x W copies of every slope: a 1.9 MB
+            palm detector became a 15 MB library)."""
+            channels = shape[-1] if shape else 1
+            if alpha_shape and all(d == 1 for d in alpha_shape[:-1]) and alpha_shape[-1] == channels:
+                flat = self.bb.normalize(relax.op.reshape(slope, [channels]))  # one slope per channel
+                return relax.op.nn.prelu(x, flat, axis=len(shape) - 1)
+            zero = relax.const(0.0, x.ty.dtype)
+            return relax.op.where(relax.op.greater_equal(x, zero), x, relax.op.multiply(x, slope))
 
         def convert_dequantize(self, op):
             tensor = self.get_input_tensors(op)[0]
