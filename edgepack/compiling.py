@@ -174,7 +174,8 @@ def compile_model(
             },
             compile_seconds=round(time.perf_counter() - started, 2),
             tuning=str(Path(tuning).resolve()) if tuning is not None else None,
-            extra=backend.manifest_extra(device_build),
+            extra={**backend.manifest_extra(device_build),
+                   **({"constants": device_build.constants.to_dict()} if device_build.constants else {})},
             processing=plan.to_dict() if plan else None,
             dims={name: r.to_dict() for name, r in dims.items()} or None,
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends import backend_for
+from edgepack.backends.constant_sizes import ConstantSizes
 from edgepack.compiling import fusion_ir
 from edgepack.dims import dims_from_dict
 from edgepack.frontends import ModelInfo, import_model, inspect_model
@@ -27,14 +28,25 @@ class BuildInputsOutputs:
     described: dict[str, str]  # processed tensor name -> what it is, in words
     settings: tuple[str, ...]  # the processing as --preprocess / --postprocess values
     dims: tuple[str, ...] = ()  # the dimensions that change at run time, as --dim values ("W=32..1280")
+    model_bytes: int = 0  # the model file
+    library_bytes: int = 0  # the device library
+    constants: ConstantSizes | None = None  # its constant tensors (builds made before edgepack measured them: None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"build_dir": str(self.build_dir), "profile": self.profile,
+        library = {"bytes": self.library_bytes, "model_bytes": self.model_bytes,
+                   "constants": self.constants.to_dict() if self.constants else None}
+        return {"build_dir": str(self.build_dir), "profile": self.profile, "library": library,
                 "inputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                            for t in self.inputs],
                 "outputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                             for t in self.outputs],
                 "processing": list(self.settings), "dims": list(self.dims)}
+
+
+def library_constants(manifest) -> ConstantSizes | None:
+    """The constants of a build's device library as its compile measured them."""
+    data = (manifest.extra or {}).get("constants")
+    return ConstantSizes.from_dict(data) if data else None
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,9 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
                      if plan is not None and (text := plan.describe(t.name))}
         build = BuildInputsOutputs(build_dir, manifest.profile_name, manifest.inputs, manifest.outputs, described,
                                    tuple(s.spec() for s in plan.settings) if plan else (),
-                                   tuple(str(r) for r in dims_from_dict(manifest.dims).values()))
+                                   tuple(str(r) for r in dims_from_dict(manifest.dims).values()),
+                                   manifest.artifacts["model"].size, manifest.artifacts["device_library"].size,
+                                   library_constants(manifest))
         shapes = input_shapes or model_input_shapes(manifest)
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:

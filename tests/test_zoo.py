@@ -10,7 +10,7 @@ orientation, MobileNetV2, BlazeFace), LSTM with If and scalar inputs (Silero VAD
 from __future__ import annotations
 
 import pytest
-from conftest import validate_real_model
+from conftest import run_cli, validate_real_model
 
 #: model -> the family it stands for here (docs/conformance.md, "Which model covers which family")
 FAMILIES = {
@@ -41,8 +41,13 @@ def test_a_library_stores_the_weights_once(models, build_cache, profile):
     the model. Its PReLU slopes (one per channel) were stored once per pixel (TVM's TFLite frontend
     broadcast them to the input's shape before constant folding): 1.35x on the CPUs (now 1.07-1.11x), 2.8x
     for Mali (now 1.6x, most of the rest its OpenCL source); the palm detector's Mali library 15.7 -> 5.3 MB."""
-    from edgepack.manifest import read_manifest
+    import edgepack
 
-    artifacts = read_manifest(build_cache(models["iris_landmark"], profile)).artifacts
-    assert artifacts["device_library"].size <= 1.3 * artifacts["model"].size, (
-        artifacts["device_library"].size, artifacts["model"].size)
+    build = build_cache(models["iris_landmark"], profile)
+    library = edgepack.inspect(build).build
+    assert library.library_bytes <= 1.3 * library.model_bytes, (library.library_bytes, library.model_bytes)
+    # the library as its constants (the model's fp32 weights, each stored once) and the rest
+    assert 0.9 * library.model_bytes <= library.constants.bytes <= library.model_bytes, library.constants
+    assert library.constants.largest[0][2] == max(c[2] for c in library.constants.largest)
+    shown = " ".join(run_cli("inspect", str(build)).stdout.split())
+    assert f"constants {library.constants.bytes / 2**20:.1f} MiB in {library.constants.count} tensors" in shown

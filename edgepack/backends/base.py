@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from edgepack.backends.constant_sizes import ConstantSizes
 from edgepack.errors import EdgepackError, ProfileError
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -75,6 +76,7 @@ class Build:
 
     executable: Any  # tvm.relax.VMExecutable
     report: ScheduleReport | None = None
+    constants: ConstantSizes | None = None  # the program's constant tensors (weights), as built
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.backends.constant_sizes import ConstantSizes, measuring
 from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
@@ -378,6 +379,8 @@ class GpuBackend(Backend):
         record: dict[str, str] = {}
         pipeline, rules = _gpu_pipeline(target, record, records, self.max_storage_buffers,
                                         self.relax_passes(imported.info.path.name))
+        measured: dict[str, ConstantSizes] = {}
+        pipeline = measuring(pipeline, measured)
         found: dict[str, dict[str, Any]] = {}
 
         @tvm.instrument.pass_instrument
@@ -422,7 +425,7 @@ class GpuBackend(Backend):
             pipeline_name += " (tuned)"
         report = GpuReport(target=json.dumps(_plain(target.export()), sort_keys=True), pipeline=pipeline_name,
                            rules=rules, functions=functions, kernels=kernels, details=self.report_details())
-        return Build(executable, report)
+        return Build(executable, report, measured.get("constants"))
 
     def report_details(self) -> dict[str, Any]:
         return {}

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from edgepack.backends import backend_for
 from edgepack.errors import EdgepackError
+from edgepack.inspection import library_constants
 
 console = Console()
 err_console = Console(stderr=True)
@@ -92,6 +93,17 @@ def profiles_table(profiles) -> None:
         console.print(note, highlight=False)
 
 
+def library_parts(library_bytes: int, model_bytes: int, constants) -> str:
+    """The device library as its constants (weights) and the rest, against the model file."""
+    text = f"{_size(library_bytes)} ({library_bytes / max(model_bytes, 1):.2f}x the model's {_size(model_bytes)})"
+    if constants is None:
+        return text
+    largest = ", ".join(f"{dtype} {_shape(shape)} {_size(n)}" for dtype, shape, n in constants.largest)
+    return (f"{text}: constants {_size(constants.bytes)} in {constants.count} tensors"
+            + (f" (largest {largest})" if largest else "")
+            + f", kernels and program {_size(max(library_bytes - constants.bytes, 0))}")
+
+
 def build_program(build) -> None:
     """What a build's program takes and returns (``inspect BUILD``), with its compiled-in processing."""
     table = Table(title=f"The build {build.build_dir} ({build.profile}) takes and returns", title_justify="left")
@@ -105,6 +117,9 @@ def build_program(build) -> None:
         console.print(f"  compiled in: {escape(setting)}", highlight=False)
     for dim in build.dims:
         console.print(f"  runs at every size {escape(dim)} (one program; '?' output extents follow it)", highlight=False)
+    if build.library_bytes:
+        console.print(f"  device library {library_parts(build.library_bytes, build.model_bytes, build.constants)}",
+                      highlight=False)
 
 
 def model_info(info, ir_text=None) -> None:
@@ -160,6 +175,8 @@ def compile_summary(result) -> None:
         table.add_row("dim", f"{name} from {r['min']} to {r['max']}{step} (memory planned for {r['max']})")
     for key, art in m.artifacts.items():
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
+    table.add_row("library size", library_parts(m.artifacts["device_library"].size, m.artifacts["model"].size,
+                                                library_constants(m)))
     backend = backend_for(m)
     for line in backend.summary_lines(m):
         table.add_row(backend.name, line)
