@@ -104,3 +104,16 @@ def check_inputs(arrays: dict[str, np.ndarray], specs: tuple[TensorSpec, ...]) -
                                  f"Convert it with array.astype('{spec.dtype}').")
         checked[spec.name] = contiguous(array)
     return checked
+
+
+#: Constant folding (ONNX Runtime's at import, each backend's in its pipeline) stores a result only while it is
+#: at most STORED_GROWTH times the constants it is made from, or small: a cast of 8- or 16-bit weights to
+#: float32 is stored; a broadcast, tile or fill of a few values (a per-channel slope repeated per pixel, a
+#: constant-filled tensor) stays the computation that makes it at run time.
+STORED_GROWTH = 4
+STORED_ANYWAY_BYTES = 1 << 16
+
+
+def worth_storing(made_bytes: int, source_bytes: int) -> bool:
+    """Whether a constant of ``made_bytes`` computed from constants of ``source_bytes`` is stored, not computed."""
+    return made_bytes <= max(STORED_GROWTH * source_bytes, STORED_ANYWAY_BYTES)

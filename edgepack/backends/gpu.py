@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
 from edgepack.backends.constant_sizes import ConstantSizes, measuring
 from edgepack.backends.float_literals import tir_pipeline
+from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
@@ -92,7 +93,8 @@ def _is_dlight_pass(p) -> bool:
 
 
 def _legalize_passes(target, max_buffers: int | None) -> list:
-    """TVM's legalisation passes for ``target``, kernels kept within ``max_buffers`` storage buffers
+    """TVM's legalisation passes for ``target`` (its constant folding edgepack's, ``folding.py``), kernels kept
+    within ``max_buffers`` storage buffers
     (``kernel_buffers.py``: wide concatenations split, larger fused groups dissolved) where the backend
     has such a limit."""
     from tvm.relax import pipeline as rp
@@ -100,7 +102,7 @@ def _legalize_passes(target, max_buffers: int | None) -> list:
     passes = [split_wide_operators(max_buffers)] if max_buffers is not None else []
     with target:  # the adreno passes read Target.current()
         for p in rp.legalize_passes(target):
-            passes.append(p)
+            passes.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
             if max_buffers is not None and p.info.name == "FuseOps":
                 passes.append(limit_kernel_buffers(max_buffers))
     return passes

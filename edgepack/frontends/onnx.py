@@ -14,7 +14,7 @@ from edgepack.dims import DimRange, Dims, dims_used
 from edgepack.errors import ModelError, first_line
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ModelInfo
-from edgepack.tensors import Dim, TensorSpec
+from edgepack.tensors import Dim, TensorSpec, worth_storing
 
 
 def load_onnx(path: Path):
@@ -173,6 +173,68 @@ def with_symbolic_inputs(mod, inputs: tuple[TensorSpec, ...], symbols: dict[str,
     return mod
 
 
+def _tensor_bytes(tensor) -> int:
+    from onnx import numpy_helper
+
+    return int(numpy_helper.to_array(tensor).nbytes)
+
+
+def _expansions_computed(original, folded):
+    """``folded`` with each constant ONNX Runtime made that is many times what it was made from
+    (``tensors.worth_storing``: a ConstantOfShape, an Expand or a Tile of a few values) computed again by
+    the original nodes that make it, from the original's initializers: stored, an 80 KB model became a
+    78 MB program. A chain that reads a model input (a shape) stays folded: TVM's importer needs those."""
+    import onnx
+
+    produced = {out: (index, node) for index, node in enumerate(original.graph.node) for out in node.output}
+    sources = {t.name: t for t in original.graph.initializer}
+    kept = {t.name: t for t in folded.graph.initializer}
+    graph_inputs = {v.name for v in original.graph.input}
+    nodes: dict[int, onnx.NodeProto] = {}
+    leaves: dict[str, onnx.TensorProto] = {}
+    dropped: set[str] = set()
+    for made in folded.graph.initializer:
+        if made.name in sources or made.name not in produced:
+            continue
+        chain: dict[int, onnx.NodeProto] = {}
+        read: dict[str, onnx.TensorProto] = {}
+        source_bytes, stack, seen = 0, [made.name], set()
+        while stack:
+            name = stack.pop()
+            if not name or name in seen:
+                continue
+            seen.add(name)
+            if name in sources or (name != made.name and name in kept):
+                read[name] = sources.get(name) or kept[name]
+                source_bytes += _tensor_bytes(read[name])
+                continue
+            if name in graph_inputs or name not in produced:
+                chain = {}
+                break
+            index, node = produced[name]
+            chain[index] = node
+            for attribute in node.attribute:  # a Constant node's value
+                if attribute.type == onnx.AttributeProto.TENSOR:
+                    source_bytes += _tensor_bytes(attribute.t)
+            stack.extend(node.input)
+        if not chain or worth_storing(_tensor_bytes(made), source_bytes):
+            continue
+        dropped.add(made.name)
+        nodes.update(chain)
+        leaves.update(read)
+    if not dropped:
+        return folded
+    result = onnx.ModelProto()
+    result.CopyFrom(folded)
+    del result.graph.initializer[:]
+    result.graph.initializer.extend(t for t in folded.graph.initializer if t.name not in dropped)
+    result.graph.initializer.extend(t for name, t in leaves.items() if name not in kept)
+    restored = [nodes[i] for i in sorted(nodes)]
+    del result.graph.node[:]
+    result.graph.node.extend([*restored, *folded.graph.node])
+    return result
+
+
 def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
     """Fix the input shapes in the graph, then let ONNX Runtime fold what they make constant.
 
@@ -217,7 +279,7 @@ def _fold_onnx_constants(model, inputs: tuple[TensorSpec, ...]):
                 options.optimized_model_filepath = str(folded)
                 options.log_severity_level = 3
                 ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-                return onnx.load(str(folded))
+                return _expansions_computed(candidate, onnx.load(str(folded)))
         except Exception:  # noqa: BLE001, S112 - folding is an optimisation; TVM may still import the original
             continue
     return model

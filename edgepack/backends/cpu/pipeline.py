@@ -30,7 +30,7 @@ from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.softmax import vector_softmax
-from edgepack.backends.cpu.weights import fold_constant_calls
+from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.cpu.winograd import winograd_convolutions
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
