@@ -175,7 +175,8 @@ def compile_model(
             compile_seconds=round(time.perf_counter() - started, 2),
             tuning=str(Path(tuning).resolve()) if tuning is not None else None,
             extra={**backend.manifest_extra(device_build),
-                   **({"constants": device_build.constants.to_dict()} if device_build.constants else {})},
+                   **({"constants": device_build.constants.to_dict()} if device_build.constants else {}),
+                   **({"run_memory": device_build.run_memory} if device_build.run_memory is not None else {})},
             processing=plan.to_dict() if plan else None,
             dims={name: r.to_dict() for name, r in dims.items()} or None,
         )

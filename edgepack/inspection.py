@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends import backend_for
-from edgepack.backends.constant_sizes import ConstantSizes
+from edgepack.backends.program_sizes import ConstantSizes
 from edgepack.compiling import fusion_ir
 from edgepack.dims import dims_from_dict
 from edgepack.frontends import ModelInfo, import_model, inspect_model
@@ -31,10 +31,11 @@ class BuildInputsOutputs:
     model_bytes: int = 0  # the model file
     library_bytes: int = 0  # the device library
     constants: ConstantSizes | None = None  # its constant tensors (builds made before edgepack measured them: None)
+    run_memory: int | None = None  # bytes a run allocates: planned intermediates and outputs, at the largest sizes
 
     def to_dict(self) -> dict[str, Any]:
         library = {"bytes": self.library_bytes, "model_bytes": self.model_bytes,
-                   "constants": self.constants.to_dict() if self.constants else None}
+                   "constants": self.constants.to_dict() if self.constants else None, "run_memory": self.run_memory}
         return {"build_dir": str(self.build_dir), "profile": self.profile, "library": library,
                 "inputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                            for t in self.inputs],
@@ -91,7 +92,7 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
                                    tuple(s.spec() for s in plan.settings) if plan else (),
                                    tuple(str(r) for r in dims_from_dict(manifest.dims).values()),
                                    manifest.artifacts["model"].size, manifest.artifacts["device_library"].size,
-                                   library_constants(manifest))
+                                   library_constants(manifest), (manifest.extra or {}).get("run_memory"))
         shapes = input_shapes or model_input_shapes(manifest)
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:

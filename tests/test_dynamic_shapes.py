@@ -55,6 +55,8 @@ def test_an_ocr_recognizer_runs_at_every_width_on_the_host(rec_build, models):
     assert manifest.dims == {"W": {"min": 32, "max": 1280, "step": 1}}
     assert manifest.inputs[0].shape == (1, 3, 48, "W") and manifest.outputs[0].shape == (1, "?", 6625)
     assert "dim W 32 1280 1" in (rec_build / "device/model.meta").read_text()
+    # memory planned at the largest width: at least the output of W=1280 (160 columns x 6625 classes)
+    assert manifest.extra["run_memory"] >= 160 * 6625 * 4, manifest.extra["run_memory"]
     report = validate(rec_build)
     assert report.passed, report.to_dict()
     assert len(report.sizes) == 5 and {s["W"] for s in report.sizes} >= {32, 1280}

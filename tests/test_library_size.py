@@ -73,5 +73,6 @@ def test_constant_filled_tensors_stay_computed(tmp_path, profile, place):
     weights = 512 * 4 * 2 + 512 * 512 * 4  # bias, row and the (transposed) projection
     assert library.constants.bytes <= weights + 1024, library.constants
     assert library.library_bytes < weights + 512 * 1024, library.library_bytes  # was weights + 3 MiB
+    assert 512 * 512 * 4 <= library.run_memory <= 4 * 512 * 512 * 4, library.run_memory  # the output, fused
     report = validate(build, place)
     assert report.passed and not report.degenerate, report.to_dict()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from edgepack.backends.constant_sizes import ConstantSizes
+from edgepack.backends.program_sizes import ConstantSizes
 from edgepack.errors import EdgepackError, ProfileError
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -77,6 +77,7 @@ class Build:
     executable: Any  # tvm.relax.VMExecutable
     report: ScheduleReport | None = None
     constants: ConstantSizes | None = None  # the program's constant tensors (weights), as built
+    run_memory: int | None = None  # bytes a run allocates (planned storage and outputs, at the largest sizes)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
-from edgepack.backends.constant_sizes import ConstantSizes, measuring
 from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
+from edgepack.backends.program_sizes import measuring
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
@@ -120,7 +120,7 @@ def gpu_tuning_passes(target, max_buffers: int | None = None) -> list:
 
 
 def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None,
-                  backend_passes: Sequence[Any] = ()):
+                  backend_passes: Sequence[Any] = (), measured: dict | None = None):
     """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
     with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
 
@@ -150,11 +150,10 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
     @tvm.transform.module_pass(opt_level=0, name="edgepack_gpu_pipeline")
     def _pipeline(mod, _ctx):
         with target, (records.database if records is not None else contextlib.nullcontext()):
-            seq = tvm.transform.Sequential(
+            seq = tvm.transform.Sequential(measuring(
                 [integer_products(), elementwise_quantization(), *backend_passes]
                 + rp.library_dispatch_passes(target) + legalize + rp.dataflow_lower_passes(target)
-                + rp.finalize_passes(target)
-            )
+                + rp.finalize_passes(target), measured if measured is not None else {}))
             return seq(mod)
 
     names = tuple(rule_name(r) for r in rules)
@@ -379,10 +378,9 @@ class GpuBackend(Backend):
         from tvm import relax
 
         record: dict[str, str] = {}
+        measured: dict = {}
         pipeline, rules = _gpu_pipeline(target, record, records, self.max_storage_buffers,
-                                        self.relax_passes(imported.info.path.name))
-        measured: dict[str, ConstantSizes] = {}
-        pipeline = measuring(pipeline, measured)
+                                        self.relax_passes(imported.info.path.name), measured)
         found: dict[str, dict[str, Any]] = {}
 
         @tvm.instrument.pass_instrument
@@ -427,7 +425,7 @@ class GpuBackend(Backend):
             pipeline_name += " (tuned)"
         report = GpuReport(target=json.dumps(_plain(target.export()), sort_keys=True), pipeline=pipeline_name,
                            rules=rules, functions=functions, kernels=kernels, details=self.report_details())
-        return Build(executable, report, measured.get("constants"))
+        return Build(executable, report, measured.get("constants"), measured.get("run_memory"))
 
     def report_details(self) -> dict[str, Any]:
         return {}

@@ -93,6 +93,9 @@ def profiles_table(profiles) -> None:
         console.print(note, highlight=False)
 
 
+RUN_MEMORY = "(intermediate tensors as memory planning packed them, and outputs; at the largest sizes)"
+
+
 def library_parts(library_bytes: int, model_bytes: int, constants) -> str:
     """The device library as its constants (weights) and the rest, against the model file."""
     text = f"{_size(library_bytes)} ({library_bytes / max(model_bytes, 1):.2f}x the model's {_size(model_bytes)})"
@@ -120,6 +123,8 @@ def build_program(build) -> None:
     if build.library_bytes:
         console.print(f"  device library {library_parts(build.library_bytes, build.model_bytes, build.constants)}",
                       highlight=False)
+    if build.run_memory is not None:
+        console.print(f"  a run allocates {_size(build.run_memory)} {RUN_MEMORY}", highlight=False)
 
 
 def model_info(info, ir_text=None) -> None:
@@ -177,6 +182,8 @@ def compile_summary(result) -> None:
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
     table.add_row("library size", library_parts(m.artifacts["device_library"].size, m.artifacts["model"].size,
                                                 library_constants(m)))
+    if (m.extra or {}).get("run_memory") is not None:
+        table.add_row("run memory", f"{_size(m.extra['run_memory'])} {RUN_MEMORY}")
     backend = backend_for(m)
     for line in backend.summary_lines(m):
         table.add_row(backend.name, line)

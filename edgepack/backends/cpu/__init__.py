@@ -22,7 +22,6 @@ from edgepack.backends.base import (
     TuningRecords,
     register,
 )
-from edgepack.backends.constant_sizes import ConstantSizes, measuring
 from edgepack.backends.cpu.pipeline import UNTUNED_FORM, cpu_pipeline, describe_pipeline, prepare_passes
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.stack import tir_pipeline
@@ -46,9 +45,8 @@ class CpuBackend(Backend):
 
         record: dict[str, str] = {}
         recomputed: dict[str, float] = {}
-        pipeline, rules = cpu_pipeline(target, record, records, recomputed)
-        measured: dict[str, ConstantSizes] = {}
-        pipeline = measuring(pipeline, measured)
+        measured: dict = {}
+        pipeline, rules = cpu_pipeline(target, record, records, recomputed, measured)
         try:
             if system_lib:
                 executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
@@ -64,7 +62,7 @@ class CpuBackend(Backend):
         report = ScheduleReport(target=str(target), pipeline=describe_pipeline(records), rules=rules,
                                 functions=[ScheduledFunction(n, rule) for n, rule in sorted(record.items())],
                                 recomputed=recomputed)
-        return Build(executable, report, measured.get("constants"))
+        return Build(executable, report, measured.get("constants"), measured.get("run_memory"))
 
     def tir_pipeline(self) -> str:
         return tir_pipeline()

@@ -30,9 +30,10 @@ from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.softmax import vector_softmax
-from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.cpu.winograd import winograd_convolutions
+from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.integer import elementwise_quantization, integer_products
+from edgepack.backends.program_sizes import measuring
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 
 
@@ -136,10 +137,11 @@ def _split_layout_rewrites():
 
 
 def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None = None,
-                 recomputed: dict[str, float] | None = None):
+                 recomputed: dict[str, float] | None = None, measured: dict | None = None):
     """The pipeline (a module pass) and the names of what can schedule a kernel in it.
 
-    ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none". Untuned
+    ``record`` receives, per fused function, the rule that scheduled it, "tuned", or "none"; ``measured``
+    the program's constants and run memory (``program_sizes.measuring``). Untuned
     builds form their kernels as ``UNTUNED_FORM``; a tuned build as its records were tuned (older tuning
     directories: NCHW, the model's weight layout, direct 3x3 convolutions)."""
     import tvm
@@ -156,14 +158,14 @@ def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None =
             if records is not None:  # ApplyDatabase reads the target when it is made
                 note_before, note_after = note_tuned_pass(record)
                 tuned = [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False), note_after]
-            seq = tvm.transform.Sequential([
+            seq = tvm.transform.Sequential(measuring([
                 *prepare_passes(target, form),
                 *tuned,
                 recording_schedule_pass(rules, record, recomputed=recomputed),
                 *(weight_prepack_passes() if form.weight_prepack else []),
                 *cpu.dataflow_lower_passes(target),
                 *cpu.finalize_passes(target),
-            ])
+            ], measured if measured is not None else {}))
             return seq(mod)
 
     names = tuple(rule_name(r) for r in rules)
