@@ -36,8 +36,9 @@ from edgepack.validation import compare, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENCL_SRC = ROOT / "runtimes" / "plugins" / "opencl"
-# one real model per family and each OpenCL pipeline (Mali's generic one, Adreno's); the other models and
-# profiles of the zoo are swept by `scripts/zoo.py --profiles mali-g610,adreno-6xx` (docs/conformance.md)
+# one real model per family and each OpenCL pipeline (Mali's generic one, Adreno's); every model of the zoo is
+# swept by `scripts/zoo.py --profiles mali-g610` and, on a machine without the NDK, with the aarch64-Linux
+# stand-in of gpu_profiles below as adreno-6xx (docs/conformance.md)
 REAL_MODELS = [("mobilenetv2", "mali-g610"), ("mobilenetv2", "adreno-6xx"), ("face_detection_short_range", "mali-g610"),
                ("ppocr_cls", "mali-g610")]
 OPENCL = get_backend("opencl")
