@@ -28,15 +28,11 @@ class BuildInputsOutputs:
     described: dict[str, str]  # processed tensor name -> what it is, in words
     settings: tuple[str, ...]  # the processing as --preprocess / --postprocess values
     dims: tuple[str, ...] = ()  # the dimensions that change at run time, as --dim values ("W=32..1280")
-    model_bytes: int = 0  # the model file
-    library_bytes: int = 0  # the device library
-    constants: ConstantSizes | None = None  # its constant tensors (builds made before edgepack measured them: None)
-    run_memory: int | None = None  # bytes a run allocates: planned intermediates and outputs, at the largest sizes
+    library: LibrarySizes | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        library = {"bytes": self.library_bytes, "model_bytes": self.model_bytes,
-                   "constants": self.constants.to_dict() if self.constants else None, "run_memory": self.run_memory}
-        return {"build_dir": str(self.build_dir), "profile": self.profile, "library": library,
+        return {"build_dir": str(self.build_dir), "profile": self.profile,
+                "library": self.library.to_dict() if self.library else None,
                 "inputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                            for t in self.inputs],
                 "outputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
@@ -44,10 +40,26 @@ class BuildInputsOutputs:
                 "processing": list(self.settings), "dims": list(self.dims)}
 
 
-def library_constants(manifest) -> ConstantSizes | None:
-    """The constants of a build's device library as its compile measured them."""
-    data = (manifest.extra or {}).get("constants")
-    return ConstantSizes.from_dict(data) if data else None
+@dataclass(frozen=True)
+class LibrarySizes:
+    """A build's device library against its model file, and its program as the compile measured it
+    (``backends/program_sizes.py``; None in builds made before edgepack measured it)."""
+
+    model_bytes: int
+    library_bytes: int
+    constants: ConstantSizes | None = None  # the program's constant tensors (weights)
+    run_memory: int | None = None  # bytes a run allocates: planned intermediates and outputs, at the largest sizes
+
+    @classmethod
+    def of(cls, manifest) -> LibrarySizes:
+        extra = manifest.extra or {}
+        return cls(manifest.artifacts["model"].size, manifest.artifacts["device_library"].size,
+                   ConstantSizes.from_dict(extra["constants"]) if extra.get("constants") else None,
+                   extra.get("run_memory"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.library_bytes, "model_bytes": self.model_bytes,
+                "constants": self.constants.to_dict() if self.constants else None, "run_memory": self.run_memory}
 
 
 @dataclass(frozen=True)
@@ -91,8 +103,7 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
         build = BuildInputsOutputs(build_dir, manifest.profile_name, manifest.inputs, manifest.outputs, described,
                                    tuple(s.spec() for s in plan.settings) if plan else (),
                                    tuple(str(r) for r in dims_from_dict(manifest.dims).values()),
-                                   manifest.artifacts["model"].size, manifest.artifacts["device_library"].size,
-                                   library_constants(manifest), (manifest.extra or {}).get("run_memory"))
+                                   LibrarySizes.of(manifest))
         shapes = input_shapes or model_input_shapes(manifest)
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:

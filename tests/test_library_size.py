@@ -69,7 +69,7 @@ def test_constant_filled_tensors_stay_computed(tmp_path, profile, place):
         plugin_with_a_device("vulkan")
     model = _filled_model(tmp_path / "filled.onnx")
     build = edgepack.compile(model, profile, tmp_path / "build").output_dir
-    library = edgepack.inspect(build).build
+    library = edgepack.inspect(build).build.library
     weights = 512 * 4 * 2 + 512 * 512 * 4  # bias, row and the (transposed) projection
     assert library.constants.bytes <= weights + 1024, library.constants
     assert library.library_bytes < weights + 512 * 1024, library.library_bytes  # was weights + 3 MiB

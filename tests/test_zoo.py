@@ -44,7 +44,7 @@ def test_a_library_stores_the_weights_once(models, build_cache, profile):
     import edgepack
 
     build = build_cache(models["iris_landmark"], profile)
-    library = edgepack.inspect(build).build
+    library = edgepack.inspect(build).build.library
     assert library.library_bytes <= 1.3 * library.model_bytes, (library.library_bytes, library.model_bytes)
     # the library as its constants (the model's fp32 weights, each stored once) and the rest
     assert 0.9 * library.model_bytes <= library.constants.bytes <= library.model_bytes, library.constants

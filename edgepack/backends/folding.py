@@ -22,8 +22,6 @@ from edgepack.tensors import worth_storing
 MAX_ROUNDS = 8  # chains of kernels on constants (transpose, then reshape...) are short
 
 
-
-
 def worth_folding(call, args: list) -> bool:
     """Whether a call on constants should become a constant in the model: not a kernel that makes a
     tensor from nothing or from a few values (zeros, a broadcast scalar: the model file would carry what

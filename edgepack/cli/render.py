@@ -13,7 +13,7 @@ from rich.table import Table
 
 from edgepack.backends import backend_for
 from edgepack.errors import EdgepackError
-from edgepack.inspection import library_constants
+from edgepack.inspection import LibrarySizes
 
 console = Console()
 err_console = Console(stderr=True)
@@ -93,18 +93,22 @@ def profiles_table(profiles) -> None:
         console.print(note, highlight=False)
 
 
-RUN_MEMORY = "(intermediate tensors as memory planning packed them, and outputs; at the largest sizes)"
-
-
-def library_parts(library_bytes: int, model_bytes: int, constants) -> str:
-    """The device library as its constants (weights) and the rest, against the model file."""
-    text = f"{_size(library_bytes)} ({library_bytes / max(model_bytes, 1):.2f}x the model's {_size(model_bytes)})"
-    if constants is None:
-        return text
-    largest = ", ".join(f"{dtype} {_shape(shape)} {_size(n)}" for dtype, shape, n in constants.largest)
-    return (f"{text}: constants {_size(constants.bytes)} in {constants.count} tensors"
-            + (f" (largest {largest})" if largest else "")
-            + f", kernels and program {_size(max(library_bytes - constants.bytes, 0))}")
+def library_lines(sizes) -> list[tuple[str, str]]:
+    """(what, text) lines for a build's ``inspection.LibrarySizes``: the device library as its constants
+    (weights) and the rest, against the model file; the memory a run allocates."""
+    text = f"{_size(sizes.library_bytes)} ({sizes.library_bytes / max(sizes.model_bytes, 1):.2f}x the model's " \
+           f"{_size(sizes.model_bytes)})"
+    constants = sizes.constants
+    if constants is not None:
+        largest = ", ".join(f"{dtype} {_shape(shape)} {_size(n)}" for dtype, shape, n in constants.largest)
+        text += (f": constants {_size(constants.bytes)} in {constants.count} tensors"
+                 + (f" (largest {largest})" if largest else "")
+                 + f", kernels and program {_size(max(sizes.library_bytes - constants.bytes, 0))}")
+    lines = [("library size", text)]
+    if sizes.run_memory is not None:
+        lines.append(("run memory", (f"{_size(sizes.run_memory)} (intermediate tensors as memory planning packed "
+                                     "them, and outputs; at the largest sizes)")))
+    return lines
 
 
 def build_program(build) -> None:
@@ -120,11 +124,8 @@ def build_program(build) -> None:
         console.print(f"  compiled in: {escape(setting)}", highlight=False)
     for dim in build.dims:
         console.print(f"  runs at every size {escape(dim)} (one program; '?' output extents follow it)", highlight=False)
-    if build.library_bytes:
-        console.print(f"  device library {library_parts(build.library_bytes, build.model_bytes, build.constants)}",
-                      highlight=False)
-    if build.run_memory is not None:
-        console.print(f"  a run allocates {_size(build.run_memory)} {RUN_MEMORY}", highlight=False)
+    for what, text in library_lines(build.library) if build.library else ():
+        console.print(f"  {what}: {text}", highlight=False)
 
 
 def model_info(info, ir_text=None) -> None:
@@ -180,10 +181,8 @@ def compile_summary(result) -> None:
         table.add_row("dim", f"{name} from {r['min']} to {r['max']}{step} (memory planned for {r['max']})")
     for key, art in m.artifacts.items():
         table.add_row(key.replace("_", " "), f"{art.path}  {_size(art.size)}")
-    table.add_row("library size", library_parts(m.artifacts["device_library"].size, m.artifacts["model"].size,
-                                                library_constants(m)))
-    if (m.extra or {}).get("run_memory") is not None:
-        table.add_row("run memory", f"{_size(m.extra['run_memory'])} {RUN_MEMORY}")
+    for what, text in library_lines(LibrarySizes.of(m)):
+        table.add_row(what, text)
     backend = backend_for(m)
     for line in backend.summary_lines(m):
         table.add_row(backend.name, line)

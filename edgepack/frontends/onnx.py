@@ -174,9 +174,11 @@ def with_symbolic_inputs(mod, inputs: tuple[TensorSpec, ...], symbols: dict[str,
 
 
 def _tensor_bytes(tensor) -> int:
-    from onnx import numpy_helper
+    """A TensorProto's size from its dims and type (its data is not read)."""
+    import numpy as np
+    from onnx import helper
 
-    return int(numpy_helper.to_array(tensor).nbytes)
+    return int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
 def _expansions_computed(original, folded):
@@ -194,8 +196,9 @@ def _expansions_computed(original, folded):
     leaves: dict[str, onnx.TensorProto] = {}
     dropped: set[str] = set()
     for made in folded.graph.initializer:
-        if made.name in sources or made.name not in produced:
-            continue
+        made_bytes = _tensor_bytes(made)
+        if made.name in sources or made.name not in produced or worth_storing(made_bytes, 0):
+            continue  # the model's own, or small whatever it is made from
         chain: dict[int, onnx.NodeProto] = {}
         read: dict[str, onnx.TensorProto] = {}
         source_bytes, stack, seen = 0, [made.name], set()
@@ -217,7 +220,7 @@ def _expansions_computed(original, folded):
                 if attribute.type == onnx.AttributeProto.TENSOR:
                     source_bytes += _tensor_bytes(attribute.t)
             stack.extend(node.input)
-        if not chain or worth_storing(_tensor_bytes(made), source_bytes):
+        if not chain or worth_storing(made_bytes, source_bytes):
             continue
         dropped.add(made.name)
         nodes.update(chain)
