@@ -639,6 +639,12 @@ def test_tune_with_a_time_budget(models, tmp_path):
     assert result["stopped"] == "time" and 0 < result["trials"] < 10000
     assert time.monotonic() - started < 15 + 240  # the batch in flight, plus imports and setup
     assert result["seconds"] >= 15
+    # a default schedule is timed in its task's first batch, only for tasks that get trials: timing all
+    # 54 tasks' defaults before the first trial ran a 15 s budget for 100 s
+    from edgepack.tuning.records import DEFAULTS_FILE
+
+    timed = set(json.loads((out / DEFAULTS_FILE).read_text()))
+    assert timed and timed == {t.workload for t in load_tuning(out).tasks if t.trials}, timed
     # the budget is for the directory: a rerun has nothing left
     again = json.loads(run_cli("tune", str(models["ppocr_cls"].path), "-o", str(out), "--trials", "10000",
                                "--time-budget", "15s", "--json", check=True).stdout)

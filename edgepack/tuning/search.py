@@ -32,9 +32,9 @@ class TaskPlan:
     tuning: bool = True
     exhausted: bool = False
     history: list[float] = field(default_factory=list)  # best seconds after each batch (1e10: none valid yet)
-    default: Any = None  # the default schedule's MeasureCandidate, measured first (None: none or done)
+    default: Any = None  # the default schedule's MeasureCandidate, measured with the first batch (None: none or done)
     default_of: Any = None  # what ``default`` measures (records.DefaultSchedule: rule, fingerprint)
-    measuring_default: bool = False  # the batch in flight is the default schedule (not a trial)
+    default_first: bool = False  # the batch in flight starts with the default schedule (a baseline, not a trial)
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Control:
     stopped_by_time: bool = False
     interrupted: bool = False  # SIGINT/SIGTERM: finish the batch in flight, then stop
     lost: int = 0  # remote measurements lost to a dropped connection (not recorded)
-    batches: int = 0  # batches of trials this run started (default schedules, measured first, are none)
+    batches: int = 0  # batches this run started
     phase: str = "preparing"  # "preparing" (nothing measured yet), "tuning", "checking" (the in-model check)
 
     def checkpoint(self) -> None:
@@ -103,6 +103,7 @@ def resumable_strategy_class():
             self.plan = plan
             self.control = control
             self._pending: tuple[list, list] = ([], [])
+            self._default_in_batch = False  # the batch in flight starts with the default schedule
             self._workload = None
 
         def _initialize_with_tune_context(self, context) -> None:
@@ -129,14 +130,9 @@ def resumable_strategy_class():
             plan, control = self.plan, self.control
             if control.interrupted or control.expired():
                 return None
-            if plan.default is not None:  # the untuned build's schedule: the baseline every record must beat
-                candidate, plan.default = plan.default, None  # (no trial: measured with none left, too)
-                self._pending = ([], [])
-                plan.measuring_default = True
-                plan.in_flight = []
-                return [candidate]
             if plan.left <= 0 or control.left <= 0:
-                return None
+                # a default schedule timed for another edgepack is timed again with no trial left, alone
+                return self._with_default([]) if plan.default is not None else None
             for _ in range(32):  # rounds that only proposed recorded schedules
                 try:
                     candidates = self.inner.generate_measure_candidates()
@@ -163,22 +159,38 @@ def resumable_strategy_class():
                     limit = min(plan.left, control.left, PROBE_TRIALS if not plan.history else len(fresh))
                     fresh, fresh_hashes = fresh[:limit], fresh_hashes[:limit]
                     control.left -= len(fresh)  # reserved now: the scheduler may start other batches meanwhile
-                    control.batches += 1
                     self._pending = (known, known_results)
                     plan.in_flight = fresh_hashes
-                    return fresh
+                    return self._with_default(fresh)
                 self.inner.notify_runner_results(known, known_results)
             plan.exhausted = True
             return None
 
+        def _with_default(self, trials: list) -> list:
+            """A batch: the task's default schedule first if it has not been timed (the untuned build's
+            schedule, the baseline every record must beat), then the trials. The default is timed only
+            for a task that gets trials (or whose recorded default is stale), in its first batch: timing
+            every task's default before any trial spent a short time budget many times over."""
+            plan = self.plan
+            plan.default_first = self._default_in_batch = plan.default is not None
+            batch = ([plan.default] if plan.default is not None else []) + list(trials)
+            plan.default = None
+            if not trials:
+                self._pending = ([], [])
+                plan.in_flight = []
+            self.control.batches += 1
+            return batch
+
         def notify_runner_results(self, measure_candidates, results) -> None:
             known, known_results = self._pending
             self._pending = ([], [])
+            if self._default_in_batch:  # the default schedule is a baseline, not a trial of the search
+                measure_candidates, results = list(measure_candidates)[1:], list(results)[1:]
+                self._default_in_batch = False
             self.inner.notify_runner_results(list(known) + list(measure_candidates),
                                              list(known_results) + list(results))
             # plan.known learns of this batch from the recorder: only what it records counts as done
-            if not self.plan.measuring_default:  # the default schedule is a baseline, not a trial
-                self.plan.left -= len(measure_candidates)
+            self.plan.left -= len(measure_candidates)
 
         def clone(self):
             copy = ResumableSearch(self.inner.clone(), self.plan, self.control)
@@ -305,7 +317,7 @@ def record_callback_class():
             self.database = database
             self.control = control
             self.on_batch = on_batch
-            self.baseline = baseline  # task id -> its batch is the default schedule: measured, not recorded
+            self.baseline = baseline  # task id -> its batch starts with the default schedule: measured, not recorded
             self.remote = remote
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
@@ -324,7 +336,7 @@ def record_callback_class():
                 run_secs = [float(v) for v in result.run_secs] if not failed else None
                 # the default schedule is not a MetaSchedule record: the search would start from its trace,
                 # which it cannot replay (the weight layout rewrite would be applied twice)
-                if not baseline:
+                if not (baseline and position == 0):
                     self.database.commit_tuning_record(TuningRecord(
                         candidate.sch.trace, workload, run_secs or [1e10], context.target, candidate.args_info))
                 recorded.append((position, run_secs))

@@ -528,17 +528,15 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
         def on_batch(task_id: int, recorded: list[tuple[int, list[float] | None]], baseline: bool) -> None:
             nonlocal run_trials
             plan = active[task_id]
-            if baseline:  # the default schedule: its time goes to defaults.json, it is no trial
-                plan.measuring_default = False
-                for _position, run_secs in recorded:
-                    if run_secs:
+            if baseline:  # the batch's first entry is the default schedule: its time goes to defaults.json
+                plan.default_first = False
+                for position, run_secs in recorded:
+                    if position == 0 and run_secs:
                         mean = sum(run_secs) / len(run_secs)
                         record_default(directory, plan.task.workload, plan.default_of.rule, mean,
                                        plan.default_of.fingerprint)
                         plan.best = mean if plan.best is None else min(plan.best, mean)
-                plan.history.append(plan.best if plan.best is not None else FAILED_SECONDS * 10)
-                report(snapshot(run_trials, last=plan.index))
-                return
+                recorded = [(position - 1, run_secs) for position, run_secs in recorded if position > 0]
             for position, run_secs in recorded:
                 if position < len(plan.in_flight):
                     plan.known[plan.in_flight[position]] = run_secs
@@ -561,7 +559,7 @@ def _run_tuning(directory: Path, profile: Profile, imported: ImportedModel, tuni
 
         from tvm.s_tir.meta_schedule.measure_callback import RemoveBuildArtifact, UpdateCostModel
 
-        callbacks = [record_callback_class()(database, control, on_batch, lambda i: active[i].measuring_default,
+        callbacks = [record_callback_class()(database, control, on_batch, lambda i: active[i].default_first,
                                              remote=measurer.remote), RemoveBuildArtifact(), UpdateCostModel()]
         tuning_started = time.monotonic()
         if time_left is not None:
