@@ -42,6 +42,19 @@ def static_shape(expr) -> tuple[int, ...] | None:
     return tuple(int(v.value) for v in values)
 
 
+def shape_of(expr) -> tuple[int | str, ...] | None:
+    """A tensor's shape with its symbolic extents (``--dim``) as their text: what two shapes are compared by
+    where equal symbolic extents are as good as equal numbers (``(W - 5) // 8 + 1`` both times). None where
+    the rank is unknown."""
+    from tvm import tirx
+
+    ty = tensor_type(expr)
+    values = getattr(ty.shape, "values", None) if ty is not None and ty.shape is not None else None
+    if values is None:
+        return None
+    return tuple(int(v.value) if isinstance(v, tirx.IntImm) else str(v) for v in values)
+
+
 def const_value(expr):
     """numpy value of a constant tensor, static shape (int64 vector) or integer PrimValue, else None."""
     import tvm

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
-from edgepack.backends.relax_exprs import dtype_of, static_shape
+from edgepack.backends.relax_exprs import dtype_of, shape_of
 
 MAX_EXTRA = 1 / 6  # at most this share of extra channels
 
@@ -70,7 +70,7 @@ def pad_matmul_columns(lanes: int):
     def rewrite(call, weight: np.ndarray, bb):
         from tvm import relax
 
-        shape = static_shape(call)
+        shape = shape_of(call)  # a symbolic row count (``--dim``) is padded as well
         if weight.ndim != 2 or weight.dtype != np.float32 or dtype_of(call) != "float32" or shape is None:
             return None
         columns = int(weight.shape[1])
@@ -89,4 +89,4 @@ def _suits(call) -> bool:
     attrs = call.attrs
     return (str(attrs.data_layout) == "NHWC" and str(attrs.kernel_layout) == "OHWI"
             and str(attrs.out_layout) == "NHWC" and int(attrs.groups) == 1
-            and dtype_of(call) == "float32" and static_shape(call) is not None)
+            and dtype_of(call) == "float32" and shape_of(call) is not None)

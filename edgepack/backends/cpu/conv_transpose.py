@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from edgepack.backends.relax_exprs import const_value, dtype_of, static_shape
+from edgepack.backends.relax_exprs import const_value, dtype_of, tensor_type
 
 
 def phase_weights(weight: np.ndarray, strides: tuple[int, int]) -> np.ndarray:
@@ -47,7 +47,30 @@ def suits(call, weight: np.ndarray | None) -> bool:
             and str(attrs.kernel_layout) == "IOHW" and str(attrs.out_layout) in ("", "NCHW")
             and int(attrs.groups) == 1 and all(int(d) == 1 for d in attrs.dilation)
             and {dtype_of(call.args[0]), str(weight.dtype)} == {"float32"}
-            and static_shape(call.args[0]) is not None and static_shape(call) is not None)
+            and _shape(call.args[0]) is not None and _shape(call) is not None)
+
+
+def _shape(expr) -> list | None:
+    """A 4-D tensor's shape, its extents that change at run time (``--dim``) as expressions."""
+    ty = tensor_type(expr)
+    values = getattr(ty.shape, "values", None) if ty is not None and ty.shape is not None else None
+    return list(values) if values is not None and len(values) == 4 else None
+
+
+def _simplified(expr):
+    """``expr`` as simple as it goes: a shape that changes at run time written ``H // 32 * 8 + 1 - 1`` kept the
+    reshapes around it out of the kernels next to them."""
+    from tvm import sym
+
+    return sym.Analyzer().simplify(expr)
+
+
+def _constant(expr) -> int | None:
+    """``expr`` simplified to a number (a transposed convolution's output padding is one at any size)."""
+    from tvm import sym, tirx
+
+    value = sym.Analyzer().simplify(expr)
+    return int(value.value) if isinstance(value, tirx.IntImm) else None
 
 
 def conv_transpose_as_convolution():
@@ -66,21 +89,25 @@ def conv_transpose_as_convolution():
         attrs = expr.attrs
         sh, sw = (int(s) for s in attrs.strides)
         top, left = (int(p) for p in attrs.padding[:2])
-        batch, _channels_in, height, width = static_shape(expr.args[0])
-        _, channels_out, out_h, out_w = static_shape(expr)
+        batch, _channels_in, height, width = _shape(expr.args[0])
+        _, channels_out, out_h, out_w = _shape(expr)
         kernel = phase_weights(weight, (sh, sw))
         m, n = kernel.shape[2:]
         phases = relax.op.nn.conv2d(expr.args[0], relax.const(kernel), padding=[m - 1, n - 1, m - 1, n - 1],
                                     data_layout="NCHW", kernel_layout="OIHW")
-        rows, cols = height + m - 1, width + n - 1
+        rows, cols = _simplified(height + m - 1), _simplified(width + n - 1)
         shuffled = relax.op.reshape(
             relax.op.permute_dims(relax.op.reshape(phases, [batch, channels_out, sh, sw, rows, cols]),
                                   [0, 1, 4, 2, 5, 3]),
             [batch, channels_out, rows * sh, cols * sw])
-        bottom, right = top + out_h - rows * sh, left + out_w - cols * sw
+        bottom, right = _constant(top + out_h - rows * sh), _constant(left + out_w - cols * sw)
+        if bottom is None or right is None:
+            return expr
         if bottom > 0 or right > 0:  # output padding past what any tap reaches: zeros
             shuffled = relax.op.nn.pad(shuffled, [0, 0, 0, 0, 0, max(bottom, 0), 0, max(right, 0)])
-        return relax.op.strided_slice(shuffled, axes=[2, 3], begin=[top, left], end=[top + out_h, left + out_w])
+        # in bounds by construction: a crop whose end changes at run time (``--dim``) is then sized as written
+        return relax.op.strided_slice(shuffled, axes=[2, 3], begin=[top, left], end=[top + out_h, left + out_w],
+                                      assume_inbound=True)
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackConvTransposeAsConvolution")
     def _pass(mod, _ctx):

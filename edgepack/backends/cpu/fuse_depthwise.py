@@ -126,6 +126,10 @@ def _reads_at(anatomy: Anatomy, axes: tuple[int, ...]) -> bool:
 
 
 def _same_size(anatomy: Anatomy) -> bool:
-    """The data has the output's rows and columns."""
+    """The data has the output's rows and columns (symbolic ones, ``--dim``, as the same expression)."""
+    from tvm import sym
+
     data = anatomy.reads[0]
-    return all(int(data.buffer.shape[axis]) == anatomy.extents[anatomy.output_axes[axis]] for axis in (1, 2))
+    analyzer = sym.Analyzer()
+    return all(analyzer.can_prove_equal(data.buffer.shape[axis], anatomy.iter_vars[anatomy.output_axes[axis]].dom.extent)
+               for axis in (1, 2))

@@ -23,7 +23,7 @@ from math import prod
 
 from edgepack.backends.cpu.fuse_depthwise import pointwise_convolution
 from edgepack.backends.cpu.fusion import fusion_pass, kernel_calls, merge_pairs
-from edgepack.backends.relax_exprs import dtype_of, static_shape
+from edgepack.backends.relax_exprs import dtype_of, shape_of, tensor_type
 
 
 def fuse_channel_scale():
@@ -43,18 +43,22 @@ def channel_scale(mod, func) -> bool | None:
     if not calls or not all(_elementwise(mod[call.args[0]]) for call in calls):
         return None
     shape = _float32_shape(func.body)
-    inputs = [_float32_shape(p) for p in func.params]
+    # a --dim build's kernels also take the symbolic extents they use (an R.Shape): not data
+    inputs = [_float32_shape(p) for p in func.params if tensor_type(p) is not None]
     if shape is None or len(shape) != 4 or None in inputs:
         return None
     channels = shape[-1]
     data = [s for s in inputs if s == shape]
     gates = [s for s in inputs if s != shape]
-    per_channel = all(prod(s[:-1]) == 1 and s[-1] in (1, channels) for s in gates if s)
-    return True if len(data) == 1 and gates and per_channel and channels > 1 else None
+    per_channel = all(all(isinstance(x, int) for x in s) and prod(s[:-1]) == 1 and s[-1] in (1, channels)
+                      for s in gates if s)
+    return True if len(data) == 1 and gates and per_channel and isinstance(channels, int) and channels > 1 \
+        else None
 
 
-def _float32_shape(expr) -> list[int] | None:
-    shape = static_shape(expr)
+def _float32_shape(expr) -> list[int | str] | None:
+    """The shape, symbolic extents as their text (a ``--dim`` build's rows and columns)."""
+    shape = shape_of(expr)
     return list(shape) if shape is not None and dtype_of(expr) == "float32" else None
 
 

@@ -189,14 +189,40 @@ def _merge(mod, producer, consumer, builder):
     position = [i for i, a in enumerate(consumer.value.args) if a.same_as(producer.var)]
     if len(position) != 1 or len(first.body.blocks) != 1 or len(second.body.blocks) != 1:
         return None
+    second, shared = _share_extents(first, second, producer.value.args, consumer.value.args)
     link = second.params[position[0]]
+    dropped = [second.params[i] for i in shared]
     result = first.body.body
     second = second.bind_params({link: result})
-    params = list(first.params) + list(second.params)
-    args = list(producer.value.args) + [a for i, a in enumerate(consumer.value.args) if i != position[0]]
+    params = list(first.params) + [p for p in second.params if not any(p.same_as(d) for d in dropped)]
+    args = list(producer.value.args) + [a for i, a in enumerate(consumer.value.args)
+                                        if i != position[0] and i not in shared]
     bindings = list(first.body.blocks[0].bindings) + list(second.body.blocks[0].bindings)
     body = relax.SeqExpr([relax.DataflowBlock(bindings)], second.body.body)
     merged = relax.Function(params, body, second.ret_ty, True, second.attrs)
     name = f"{producer.value.op.name_hint}_{consumer.value.op.name_hint.removeprefix('fused_')}"
     gvar = builder.add_func(merged, name)
     return relax.VarBinding(consumer.var, builder.normalize(relax.Call(gvar, args)))
+
+
+def _share_extents(first, second, first_args, second_args) -> tuple[Any, set[int]]:
+    """A ``--dim`` build's fused functions take the symbolic extents they use as a shape parameter
+    (``R.Shape([W])``), each with its own copy of ``W``. Where both functions are given the same shape,
+    the consumer's extents become the producer's and its shape parameter goes: merged with two, the
+    kernel had two unrelated ``W`` and its buffers no longer agreed. Returns the consumer and the
+    positions of its parameters to drop."""
+    import tvm_ffi
+    from tvm import relax, tirx
+
+    mapping, shared = {}, set()
+    for j, (param, arg) in enumerate(zip(second.params, second_args)):
+        if not isinstance(param.ty, relax.ShapeType) or param.ty.values is None:
+            continue
+        for other, given in zip(first.params, first_args):
+            if isinstance(other.ty, relax.ShapeType) and other.ty.values is not None \
+                    and len(other.ty.values) == len(param.ty.values) and tvm_ffi.structural_equal(given, arg) \
+                    and all(isinstance(v, tirx.Var) for v in param.ty.values):
+                mapping.update(zip(param.ty.values, other.ty.values))
+                shared.add(j)
+                break
+    return (second.bind_symbolic_vars(mapping) if mapping else second), shared

@@ -8,7 +8,7 @@ one to one to its loops (``T.axis.remap``); a kernel in another form is left to 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd, prod
+from math import gcd
 from typing import Any
 
 
@@ -277,9 +277,32 @@ def reads_per_element(sch, consumer, producer) -> float:
     squared; a per-channel value broadcast over an image: the pixels)."""
     stmt = sch.get(consumer)
     written = sch.get(producer).writes[0].source
-    elements = prod(int(d) for d in written.shape) if all(is_constant(d) for d in written.shape) else 0
-    iterations = prod(int(iv.dom.extent.value) for iv in stmt.iter_vars if is_constant(iv.dom.extent))
+    elements = hinted_count(written.shape)
+    iterations = hinted_count([iv.dom.extent for iv in stmt.iter_vars])
     return iterations / elements if elements else 1.0
+
+
+def hinted_count(extents) -> int:
+    """The product of ``extents``, each variable that changes at run time (``--dim``) taken as
+    ``SYMBOLIC_EXTENT``: a ratio of two such counts is right whatever the size (``(W - 1) // 4 + 1`` pixels
+    read 240 times each over ``(W - 1) // 4 + 1`` pixels)."""
+    import tvm_ffi
+    from tvm import sym, tirx
+
+    analyzer, bound, total = sym.Analyzer(), set(), 1
+    for extent in extents:
+        if is_constant(extent):
+            total *= int(extent.value)
+            continue
+        found: list = []
+        tvm_ffi.structural_walk(extent, [(tirx.Var, found.append)], order="pre")
+        for var in found:
+            if var.name not in bound:
+                bound.add(var.name)
+                analyzer.bind(var, tirx.IntImm("int64", SYMBOLIC_EXTENT))  # shape variables are int64
+        value = analyzer.simplify(extent)
+        total *= int(value.value) if is_constant(value) else SYMBOLIC_EXTENT
+    return total
 
 
 def reduction_anatomy(sch, keep: Any = None) -> Anatomy | None:
