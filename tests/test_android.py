@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -501,6 +502,302 @@ def test_silero_vad_through_java(models, stubs, host_jni, wheel_lib_dirs, tmp_pa
               "state": (rng.standard_normal((2, 1, 128)) * 0.5).astype(np.float32),
               "sr": np.array(16000, np.int64)} for _ in range(2)]
     _java_round_trip(build, "SileroVad", feeds, stubs, host_jni, wheel_lib_dirs, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# dynamic input dimensions (--dim) through Java: shapes in, each run's shapes out
+
+
+def run_dynamic_harness(manifest: BuildManifest, cls: str) -> str:
+    """RunDyn <library> <case dir>...: for each case dir (in<i>.bin, shape<i>.txt per input) runs the model
+    twice and writes what each run gave: through the generated class (``new<X>Buffer()`` at the largest size,
+    ``run(x, xShape, ...)``): out<i>.bin / outshape<i>.txt, or error_gen.txt; through ``NativeModel`` with heap
+    buffers of exactly the file's values (``run(inputs, shapes)``, ``outputShape``, ``getOutput`` into a heap
+    buffer larger than the output): alt<i>.bin / altshape<i>.txt, or error_nat.txt."""
+    inputs, outputs = java_tensors(manifest)
+    gen = []
+    for t in inputs:
+        gen.append(f"        {t.buffer_type} {t.ident} = {cls}.{t.allocator}();")
+        gen.append(f"        fillSome({t.ident}, d + \"/in{t.index}.bin\");")
+    args = ", ".join(t.ident + (f", shape(d + \"/shape{t.index}.txt\")" if t.is_dynamic else "") for t in inputs)
+    gen.append(f"        {cls}.Outputs out = model.run({args});")
+    for t in outputs:
+        shape_field = f"out.{t.ident}Shape"
+        gen.append(f"        dump(out.{t.ident}, d + \"/out{t.index}.bin\");")
+        gen.append(f"        write(d + \"/outshape{t.index}.txt\", join({shape_field}));")
+    buffers = ", ".join(f"heap(m.input({t.index}).dtype(), d + \"/in{t.index}.bin\")" for t in inputs)
+    shapes = ", ".join(f"shape(d + \"/shape{t.index}.txt\")" if t.is_dynamic else "null" for t in inputs)
+    nat = [f"        m.run(new Buffer[] {{{buffers}}}, new long[][] {{{shapes}}});"]
+    nat.append("        for (int i = 0; i < m.outputCount(); i++) {")
+    nat.append("          long[] s = m.outputShape(i);")
+    nat.append("          int bytes = (int) m.output(i).byteSize(s);")
+    nat.append("          ByteBuffer dst = ByteBuffer.allocate(bytes + 16);  // room to spare: filled as far as the run's")
+    nat.append("          m.getOutput(i, dst);")
+    nat.append("          dst.limit(bytes);")
+    nat.append("          dump(dst, d + \"/alt\" + i + \".bin\");")
+    nat.append("          write(d + \"/altshape\" + i + \".txt\", join(s));")
+    nat.append("        }")
+    first = next(t for t in inputs if t.is_dynamic)
+    return f"""
+import {PACKAGE}.{cls};
+import ai.edgepack.*;
+import java.io.*;
+import java.nio.*;
+import java.nio.file.*;
+
+public class RunDyn {{
+{HARNESS_IO}
+  static void fillSome(Buffer dst, String path) throws IOException {{  // as much of the file as fits
+    ByteBuffer raw = readAll(path).order(ByteOrder.nativeOrder());
+    int elem = dst instanceof FloatBuffer || dst instanceof IntBuffer ? 4 : dst instanceof ByteBuffer ? 1
+        : dst instanceof ShortBuffer ? 2 : 8;
+    raw.limit(Math.min(raw.limit(), dst.remaining() * elem));
+    fill(dst, raw);
+  }}
+
+  static void fill(Buffer dst, ByteBuffer raw) {{
+    if (dst instanceof FloatBuffer) ((FloatBuffer) dst).duplicate().put(raw.asFloatBuffer());
+    else if (dst instanceof IntBuffer) ((IntBuffer) dst).duplicate().put(raw.asIntBuffer());
+    else if (dst instanceof LongBuffer) ((LongBuffer) dst).duplicate().put(raw.asLongBuffer());
+    else if (dst instanceof ShortBuffer) ((ShortBuffer) dst).duplicate().put(raw.asShortBuffer());
+    else if (dst instanceof DoubleBuffer) ((DoubleBuffer) dst).duplicate().put(raw.asDoubleBuffer());
+    else ((ByteBuffer) dst).duplicate().put(raw);
+  }}
+
+  static Buffer heap(DType dtype, String path) throws IOException {{  // a heap buffer of the file's values
+    ByteBuffer raw = readAll(path).order(ByteOrder.nativeOrder());
+    int n = raw.remaining() / dtype.byteSize();
+    Buffer out = dtype.bufferClass() == FloatBuffer.class ? FloatBuffer.allocate(n)
+        : dtype.bufferClass() == IntBuffer.class ? IntBuffer.allocate(n)
+        : dtype.bufferClass() == LongBuffer.class ? LongBuffer.allocate(n)
+        : dtype.bufferClass() == ShortBuffer.class ? ShortBuffer.allocate(n)
+        : dtype.bufferClass() == DoubleBuffer.class ? DoubleBuffer.allocate(n) : ByteBuffer.allocate(n);
+    fill(out, raw);
+    return out;
+  }}
+
+  static long[] shape(String path) throws IOException {{
+    String text = new String(Files.readAllBytes(Paths.get(path)), "UTF-8").trim();
+    String[] parts = text.isEmpty() ? new String[0] : text.split(",");
+    long[] out = new long[parts.length];
+    for (int i = 0; i < parts.length; i++) out[i] = Long.parseLong(parts[i].trim());
+    return out;
+  }}
+
+  static String join(long[] s) {{
+    StringBuilder b = new StringBuilder();
+    for (int i = 0; i < s.length; i++) b.append(i > 0 ? "," : "").append(s[i]);
+    return b.toString();
+  }}
+
+  static void write(String path, String text) throws IOException {{
+    Files.write(Paths.get(path), text.getBytes("UTF-8"));
+  }}
+
+  public static void main(String[] a) throws Exception {{
+    try ({cls} model = {cls}.load(new File(a[0]))) {{
+      NativeModel m = model.nativeModel();
+      System.out.println("INPUTS|" + m.inputs());
+      System.out.println("OUTPUTS|" + m.outputs());
+      TensorInfo.Dim dim = m.input({first.index}).dim({first.shape.index(next(d for d in first.shape if isinstance(d, str)))});
+      System.out.println("DIM|" + dim.name() + "|" + dim.min() + "|" + dim.max() + "|" + dim.step() + "|"
+          + m.input({first.index}).byteSize());
+      try {{
+        m.setInput({first.index}, {cls}.{first.allocator}());
+        System.out.println("UNTYPED|NONE|");
+      }} catch (EdgepackException e) {{
+        System.out.println("UNTYPED|" + e.getStatusName() + "|" + e.getMessage());
+      }}
+      for (int c = 1; c < a.length; c++) {{
+        String d = a[c];
+        try {{
+{chr(10).join(gen)}
+        }} catch (EdgepackException e) {{
+          write(d + "/error_gen.txt", e.getStatusName() + "|" + e.getMessage());
+        }}
+        try {{
+{chr(10).join(nat)}
+        }} catch (EdgepackException e) {{
+          write(d + "/error_nat.txt", e.getStatusName() + "|" + e.getMessage());
+        }}
+      }}
+      System.out.println("OK");
+    }}
+  }}
+}}
+"""
+
+
+def _dynamic_case(d: Path, arrays: list[np.ndarray], shapes: list[tuple[int, ...]] | None = None) -> Path:
+    """A case directory for RunDyn: each input's values and the shape the harness states for them."""
+    d.mkdir(parents=True, exist_ok=True)
+    for i, x in enumerate(arrays):
+        (d / f"in{i}.bin").write_bytes(np.ascontiguousarray(x).tobytes())
+        shape = x.shape if shapes is None else shapes[i]
+        (d / f"shape{i}.txt").write_text(",".join(str(n) for n in shape))
+    return d
+
+
+def _dynamic_results(d: Path, manifest: BuildManifest, prefix: str) -> list[np.ndarray]:
+    """The outputs a RunDyn run wrote (``out`` or ``alt``), each with the shape the run reported for it; the
+    values must be exactly as many as that shape has (read at another size, they would not be)."""
+    results = []
+    for i, spec in enumerate(manifest.outputs):
+        shape = tuple(int(n) for n in (d / f"{prefix}shape{i}.txt").read_text().split(","))
+        values = np.fromfile(d / f"{prefix}{i}.bin", dtype=np.dtype(spec.dtype))
+        assert values.size == int(np.prod(shape)), (d.name, prefix, spec.name, values.size, shape)
+        results.append(values.reshape(shape))
+    return results
+
+
+def _errors(d: Path) -> dict[str, list[str]]:
+    return {path.stem: path.read_text().split("|", 1) for path in d.glob("error_*.txt")}
+
+
+def _run_dynamic(manifest: BuildManifest, cls: str, library: Path, cases: list[Path], stubs, host_jni,
+                 wheel_lib_dirs, tmp_path: Path) -> dict[str, list[str]]:
+    classes = compile_api(manifest, cls, tmp_path, stubs, {"RunDyn.java": run_dynamic_harness(manifest, cls)})
+    result = java([tmp_path / "api", classes, stubs], "RunDyn", library, *cases,
+                  library_path=[str(host_jni.parent), *wheel_lib_dirs], ld_path=wheel_lib_dirs)
+    assert result.stdout.rstrip().endswith("OK"), result.stdout + result.stderr
+    return {line.split("|", 1)[0]: line.split("|")[1:] for line in result.stdout.splitlines() if "|" in line}
+
+
+TINY_DIMS = {"W": (8, 64, 4)}
+
+
+def _tiny_dynamic_library(out: Path) -> Path:
+    """``main(x: (2, W), y: (2, W)) -> (a = 2x + y: (2, W), b = concat([x, y], 1): (2, 2W))``, W = 8..64 step 4,
+    built with TVM for this machine, metadata (version 2) embedded."""
+    import tvm
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((2, "W"), "float32"), y: R.Tensor((2, "W"), "float32")):
+            with R.dataflow():
+                a = R.add(R.multiply(x, R.const(2.0, "float32")), y)
+                b = R.concat([x, y], axis=1)
+                R.output(a, b)
+            return (a, b)
+
+    executable = tvm.compile(Module, target=tvm.target.Target({"kind": "llvm"}))
+    meta = model_meta_text([("x", "float32", (2, "W")), ("y", "float32", (2, "W"))],
+                           [("a", "float32", (2, "?")), ("b", "float32", (2, "?"))], TINY_DIMS)
+    return export_model_shared(executable, out / "model.so", "g++", cc="gcc", meta_text=meta)
+
+
+def test_generated_class_of_a_dynamic_build(stubs, tmp_path):
+    """A build with --dim: the generated class describes the dynamic dimension (its range as a TensorInfo.Dim,
+    -1 in the shape, "W = 8..64, step 4" in the Javadoc), has a setter taking the shape, run(x, xShape, ...)
+    and outputs with their shapes; it compiles with -Werror and passes javadoc's lint. A static build's class
+    is unchanged (test_generated_class_names_types_and_javadoc), and a dimension without a range is refused."""
+    manifest = replace(_fake_manifest([("x", "float32", (2, "W")), ("y", "float32", (2, "W")), ("n", "int64", (1,))],
+                                      [("a", "float32", (2, "?")), ("count", "int32", (1,))], source="tiny_dyn.onnx"),
+                       dims={"W": {"min": 8, "max": 64, "step": 4}})
+    inputs, outputs = java_tensors(manifest)
+    assert [(t.shape, t.is_dynamic, t.element_count) for t in inputs] == [
+        ((2, "W"), True, 128), ((2, "W"), True, 128), ((1,), False, 1)]
+    assert [(t.shape, t.is_dynamic) for t in outputs] == [((2, "?"), True), ((1,), False)]
+    sources = generate_java_sources(manifest, PACKAGE, "TinyDyn")
+    text = sources["com/example/vision/TinyDyn.java"]
+    for needle in ('public static final TensorInfo.Dim DIM_W =\n      new TensorInfo.Dim("W", 8L, 64L, 4L);',
+                   'new TensorInfo("x", DType.FLOAT32, new long[] {2L, -1L}, new TensorInfo.Dim[] {null, DIM_W});',
+                   'new TensorInfo("a", DType.FLOAT32, new long[] {2L, -1L});',
+                   "<li>W = 8..64, step 4 ({@link #DIM_W})</li>",
+                   "public void setX(FloatBuffer x, long[] shape)", "public void setN(LongBuffer n)",
+                   "public Outputs run(FloatBuffer x, long[] xShape, FloatBuffer y, long[] yShape, LongBuffer n)",
+                   "public Outputs run()", "public static FloatBuffer newXBuffer(long[] shape)",
+                   "public final long[] aShape;", "public static IntBuffer newCountBuffer()"):
+        assert needle in text, needle
+    assert "newABuffer" not in text  # its size is each run's
+    classes = compile_java(sources, tmp_path / "classes", [stubs], werror=True)
+    assert (classes / "com/example/vision/TinyDyn$Outputs.class").is_file()
+    _needs("javadoc")
+    src = tmp_path / "src"
+    for rel, body in sources.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(body)
+    doc = _run(["javadoc", "-Xdoclint:all", "-quiet", "-d", tmp_path / "doc", "-cp", stubs,
+                *sorted(src.rglob("*.java"))], check=False)
+    assert doc.returncode == 0 and "warning" not in doc.stdout + doc.stderr, doc.stdout + doc.stderr
+    with pytest.raises(EdgepackError, match="dynamic shape"):  # a name the build has no range for
+        java_tensors(replace(manifest, dims={"H": {"min": 8, "max": 64, "step": 4}}))
+
+
+def test_dynamic_sizes_through_java(stubs, host_jni, wheel_lib_dirs, tmp_path):
+    """A model whose outputs follow the dynamic width (a: (2, W), b: (2, 2W)), run through its generated class
+    and through NativeModel with heap buffers at W = 8 (min), 28 and 64 (max): every output has the run's shape
+    and exactly its values; sizes off the range or the step, inputs that disagree on W and a buffer smaller
+    than its shape are refused with EdgepackException carrying the native message."""
+    library = _tiny_dynamic_library(tmp_path / "lib")
+    manifest = replace(_fake_manifest([("x", "float32", (2, "W")), ("y", "float32", (2, "W"))],
+                                      [("a", "float32", (2, "?")), ("b", "float32", (2, "?"))], source="tiny_dyn.onnx"),
+                       dims={"W": {"min": 8, "max": 64, "step": 4}})
+    rng = np.random.default_rng(7)
+    feeds = {w: [rng.standard_normal((2, w)).astype(np.float32) for _ in "xy"] for w in (8, 28, 64, 68, 22, 4)}
+    cases = {f"w{w}": _dynamic_case(tmp_path / f"w{w}", xy) for w, xy in feeds.items()}
+    cases["disagree"] = _dynamic_case(tmp_path / "disagree", [feeds[8][0], feeds[28][1]])
+    cases["small"] = _dynamic_case(tmp_path / "small", [feeds[8][0], np.zeros((2, 16), np.float32)],
+                                   shapes=[(2, 16), (2, 16)])
+    info = _run_dynamic(manifest, "TinyDyn", library, list(cases.values()), stubs, host_jni, wheel_lib_dirs, tmp_path)
+
+    assert info["INPUTS"] == ["['x' float32 [2, W=8..64:4], 'y' float32 [2, W=8..64:4]]"]
+    assert info["OUTPUTS"] == ["['a' float32 [2, ?], 'b' float32 [2, ?]]"]
+    assert info["DIM"] == ["W", "8", "64", "4", str(2 * 64 * 4)]  # byteSize: the largest input
+    assert info["UNTYPED"][0] == "EP_ERR_SHAPE" and "setInput(index, data, shape)" in info["UNTYPED"][1]
+    for w in (8, 28, 64):
+        x, y = feeds[w]
+        d = cases[f"w{w}"]
+        assert not _errors(d), _errors(d)
+        for prefix in ("out", "alt"):
+            a, b = _dynamic_results(d, manifest, prefix)
+            assert a.shape == (2, w) and b.shape == (2, 2 * w), (prefix, a.shape, b.shape)
+            np.testing.assert_allclose(a, x * 2 + y, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(b, np.concatenate([x, y], axis=1))
+    for w in (68, 22, 4):  # the generated class's buffer holds 64 columns: W=68 is judged by the C API first
+        expected = ["EP_ERR_SHAPE", f"input 0 'x' dimension 1 (W) is {w}; the model takes W from 8 to 64 in steps of 4"]
+        assert _errors(cases[f"w{w}"]) == {"error_gen": expected, "error_nat": expected}, w
+    for message in _errors(cases["disagree"]).values():
+        assert message[0] == "EP_ERR_SHAPE" and "dimension W is 8 in input 0 'x'" in message[1], message
+        assert "28 in input 1 'y'" in message[1], message
+    assert _errors(cases["small"]) == {  # heap buffer of 16 values for [2, 16]; the generated one holds 128
+        "error_nat": ["EP_ERR_SHAPE", "input 0 'x': shape [2,16] needs 128 bytes, the buffer holds 64"]}
+
+
+@pytest.mark.slow
+def test_a_dynamic_ocr_classifier_through_java(models, stubs, host_jni, wheel_lib_dirs, tmp_path):
+    """PP-OCR's text direction classifier compiled for W = 32..256:32, run through its generated Java class and
+    NativeModel at W = 32 (min), 96 and 256 (max), each compared with ONNX Runtime at that width (the
+    comparison tells the widths apart: W=32 against the reference of W=256 fails); W=288 (out of range) and
+    W=40 (off the step) are refused with the native message naming W and its range."""
+    model = models["ppocr_cls"]
+    build = compile_model(model.path, "host", tmp_path / "build", input_shapes={"x": (1, 3, 48, "W")},
+                          dims=["W=32..256:32"]).output_dir
+    manifest = read_manifest(build)
+    rng = np.random.default_rng(11)
+    feeds = {w: rng.uniform(-1, 1, (1, 3, 48, w)).astype(np.float32) for w in (32, 96, 256, 288, 40)}
+    cases = {w: _dynamic_case(tmp_path / f"w{w}", [x]) for w, x in feeds.items()}
+    library = build / manifest.artifacts["device_library"].path
+    info = _run_dynamic(manifest, "PpocrCls", library, list(cases.values()), stubs, host_jni, wheel_lib_dirs,
+                        tmp_path)
+    assert info["INPUTS"] == ["['x' float32 [1, 3, 48, W=32..256:32]]"]
+    expected = {w: run_reference(build / manifest.model_file, manifest.model_format, {"x": feeds[w]},
+                                 manifest.outputs) for w in (32, 96, 256)}
+    spec = manifest.outputs[0]
+    for w in (32, 96, 256):
+        assert not _errors(cases[w]), _errors(cases[w])
+        for prefix in ("out", "alt"):
+            [actual] = _dynamic_results(cases[w], manifest, prefix)
+            result = compare(spec.name, actual, expected[w][0], 1e-4, 1e-3)
+            assert result.passed, (w, prefix, result)
+    [at_32] = _dynamic_results(cases[32], manifest, "out")
+    assert not compare(spec.name, at_32, expected[256][0], 1e-4, 1e-3).passed  # the check can fail
+    for w in (288, 40):
+        message = ["EP_ERR_SHAPE", f"input 0 'x' dimension 3 (W) is {w}; the model takes W from 32 to 256 in steps of 32"]
+        assert _errors(cases[w]) == {"error_gen": message, "error_nat": message}, w
 
 
 # ---------------------------------------------------------------------------------------------

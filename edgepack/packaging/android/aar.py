@@ -19,6 +19,8 @@ from edgepack.packaging.android.elf import check_abi_library
 from edgepack.packaging.android.java import (
     android_sources_dir,
     check_java_package,
+    dim_text,
+    dynamic_dims,
     java_tensors,
     model_library_name,
     model_name_of,
@@ -244,11 +246,27 @@ def usage_text(manifest: BuildManifest, java_package: str, class_name: str, aar_
     """README.md of a package: the three lines for this model, in Java and Kotlin."""
     inputs, outputs = java_tensors(manifest)
     cls = class_name
-    io = "\n".join([*(f"| input | `{t.name}` | {t.dtype} | {list(t.shape)} | `{cls}.{t.allocator}()` |" for t in inputs),
-                    *(f"| output | `{t.name}` | {t.dtype} | {list(t.shape)} | `{cls}.{t.allocator}()` |" for t in outputs)])
+
+    def row(kind: str, t) -> str:
+        buffer = f"`out.{t.ident}` (as large as the run made it)" if kind == "output" and t.is_dynamic else \
+            f"`{cls}.{t.allocator}()`"
+        return f"| {kind} | `{t.name}` | {t.dtype} | {t.shape_text} | {buffer} |"
+
+    io = "\n".join([*(row("input", t) for t in inputs), *(row("output", t) for t in outputs)])
     java_in = "\n".join(f"    {t.buffer_type} {t.ident} = {cls}.{t.allocator}();   // fill it" for t in inputs)
     kt_in = "\n".join(f"    val {t.ident} = {cls}.{t.allocator}()   // fill it" for t in inputs)
     args = ", ".join(t.ident for t in inputs)
+    dims = dynamic_dims(manifest)
+    dynamic = ""
+    if dims:  # each dynamic input with the shape of its values
+        args = ", ".join(t.ident + (", new long[] {" + ", ".join(str(d).lower() for d in t.shape) + "}"
+                                    if t.is_dynamic else "") for t in inputs)
+        kt_args = ", ".join(t.ident + (", longArrayOf(" + ", ".join(str(d).lower() for d in t.shape) + ")"
+                                       if t.is_dynamic else "") for t in inputs)
+        dynamic = (f"\nThe model runs at every size in {', '.join(dim_text(r) for r in dims)} (one build, `--dim`): "
+                   "pass each dynamic input with the shape of its values (`new...Buffer()` has room for the largest); "
+                   f"`out.<name>Shape` is each output's shape in that run. A size off the range or the step throws "
+                   "`EdgepackException` (`EP_ERR_SHAPE`) naming the dimension and its range.\n")
     plan = manifest_plan(manifest)
     processing = ""
     if plan is not None:
@@ -279,17 +297,18 @@ Kotlin:
 ```kotlin
 {cls}.load(context).use {{ model ->
 {kt_in}
-    val out = model.run({args})
+    val out = model.run({kt_args if dims else args})
 }}
 ```
 
 | | tensor | dtype | shape | buffer |
 | --- | --- | --- | --- | --- |
 {io}
-{processing}
+{processing}{dynamic}
 Buffers are direct NIO buffers in native byte order (the `new...Buffer()` methods make them 64-byte aligned,
 so inputs are read in place, without a copy). Errors are `ai.edgepack.EdgepackException` with the native
-runtime's message. `run(inputs..., outputs...)` writes into buffers you keep and reuse.
+runtime's message. {"`run(inputs...)` returns new buffers sized by the run; `nativeModel().getOutput(i, dst)` "
+                      "writes into buffers you keep." if dims else "`run(inputs..., outputs...)` writes into buffers you keep and reuse."}
 
 To build from source instead: copy `{module_name}/` into your project, `include ':{module_name}'` in
 settings.gradle and `implementation project(':{module_name}')`.

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgepack.dims import DimRange, dims_from_dict
 from edgepack.errors import EdgepackError
 from edgepack.manifest import BuildManifest
 from edgepack.processing import ProcessingPlan, manifest_plan
@@ -106,11 +107,12 @@ class JavaTensor:
     index: int
     name: str  # the tensor name in the model
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | str, ...]  # a dynamic input dimension by its name ("W"), an output's run-time extent "?"
     ident: str  # Java identifier: parameter and Outputs field (``input``)
     constant: str  # TensorInfo constant (``INPUT_INPUT``, ``OUTPUT_LOGITS``)
     buffer_type: str  # FloatBuffer, ...
     view_method: str | None  # ByteBuffer method giving that view (None for ByteBuffer)
+    ranges: tuple[DimRange | None, ...] = ()  # per axis: the range of a dynamic input dimension
 
     @property
     def allocator(self) -> str:
@@ -118,11 +120,34 @@ class JavaTensor:
         return "new" + self.ident[0].upper() + self.ident[1:] + "Buffer"
 
     @property
+    def setter(self) -> str:
+        """The method of a dynamic build's class that sets this input (``setX``)."""
+        return "set" + self.ident[0].upper() + self.ident[1:]
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether an extent is not fixed: a dynamic input dimension or an output's run-time one."""
+        return not all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def max_shape(self) -> tuple[int | str, ...]:
+        """The shape with each dynamic input dimension at its max (an output's ``?`` stays)."""
+        return tuple(r.max if r is not None else d for d, r in zip(self.shape, self.ranges or (None,) * len(self.shape)))
+
+    @property
     def element_count(self) -> int:
+        """The number of elements (dynamic input dimensions at their max); -1 with a run-time extent."""
         n = 1
-        for d in self.shape:
+        for d in self.max_shape:
+            if not isinstance(d, int):
+                return -1
             n *= d
         return n
+
+    @property
+    def shape_text(self) -> str:
+        """``[1, 3, 224, 224]``; ``[1, 3, 48, W]``, ``[1, ?, 6625]`` for dynamic extents."""
+        return "[" + ", ".join(str(d) for d in self.shape) + "]"
 
 
 def _words(name: str) -> list[str]:
@@ -154,6 +179,7 @@ def java_tensors(manifest: BuildManifest) -> tuple[tuple[JavaTensor, ...], tuple
     """The inputs and outputs of ``manifest`` as the generated class names them."""
     idents: set[str] = {"model", "out"}  # locals of the generated methods
     constants: set[str] = {"LIBRARY_FILE", "MODEL_SHA256", "INPUTS", "OUTPUTS"}
+    dims = dims_from_dict(manifest.dims)
     result: list[list[JavaTensor]] = [[], []]
     for slot, (kind, specs) in enumerate((("input", manifest.inputs), ("output", manifest.outputs))):
         for i, spec in enumerate(specs):
@@ -161,7 +187,9 @@ def java_tensors(manifest: BuildManifest) -> tuple[tuple[JavaTensor, ...], tuple
             if dtype not in _JAVA_BUFFERS:
                 raise EdgepackError(f"The {kind} {spec.name!r} has dtype {dtype}, which the Java API does not support.",
                                     "Supported: " + ", ".join(sorted(_JAVA_BUFFERS)) + ".")
-            if not all(isinstance(d, int) and d >= 0 for d in spec.shape):
+            # a dynamic build (--dim): inputs name their dims, outputs that follow them are "?" (read per run)
+            allowed = set(dims) if kind == "input" else ({"?"} if dims else set())
+            if not all((isinstance(d, int) and d >= 0) or (isinstance(d, str) and d in allowed) for d in spec.shape):
                 shown = "[" + ", ".join(str(d) for d in spec.shape) + "]"
                 if kind == "output":  # "?": decided by the model at run time (NonZero, Unique ...)
                     raise EdgepackError(
@@ -171,13 +199,15 @@ def java_tensors(manifest: BuildManifest) -> tuple[tuple[JavaTensor, ...], tuple
                         "re-export the model with fixed-size outputs (e.g. padded to a maximum count).")
                 raise EdgepackError(f"The {kind} {spec.name!r} has a dynamic shape {shown}.",
                                     "Compile the model with static shapes (--input-shape).")
-            shape = tuple(int(d) for d in spec.shape)
+            shape = tuple(d if isinstance(d, str) else int(d) for d in spec.shape)
+            ranges = tuple(dims.get(d) if isinstance(d, str) else None for d in shape)
             buffer_type, view = _JAVA_BUFFERS[dtype]
             result[slot].append(JavaTensor(
                 index=i, name=str(spec.name), dtype=dtype, shape=shape,
                 ident=_unique(_ident(str(spec.name), f"{kind}{i}"), idents),
                 constant=_unique(f"{kind.upper()}_{_constant(str(spec.name), str(i))}", constants),
-                buffer_type=buffer_type, view_method=view))
+                buffer_type=buffer_type, view_method=view,
+                ranges=ranges if any(r is not None for r in ranges) else ()))
     return tuple(result[0]), tuple(result[1])
 
 
@@ -201,7 +231,19 @@ def _doc_text(text: str) -> str:
 
 
 def _describe(t: JavaTensor) -> str:
-    return f"<code>{_doc_text(t.name)}</code>: {t.dtype} {list(t.shape)}"
+    return f"<code>{_doc_text(t.name)}</code>: {t.dtype} {t.shape_text}"
+
+
+def dim_text(r: DimRange) -> str:
+    """``W = 32..1280`` or ``W = 32..1280, step 32`` (Javadoc, README)."""
+    return f"{r.name} = {r.min}..{r.max}" + (f", step {r.step}" if r.step != 1 else "")
+
+
+def dynamic_dims(manifest: BuildManifest) -> list[DimRange]:
+    """The build's dynamic input dimensions (``--dim``), in order of first use; empty for a static build."""
+    dims = dims_from_dict(manifest.dims)
+    return [dims[d] for d in dict.fromkeys(d for s in manifest.inputs for d in s.shape if isinstance(d, str))
+            if d in dims]
 
 
 def generate_model_class(manifest: BuildManifest, java_package: str, class_name: str,
@@ -217,6 +259,12 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
     plan = manifest_plan(manifest)
     frame = _single_frame(plan, inputs)
     bitmap = frame is not None and frame.setting.format != "nv21"
+    dims = dynamic_dims(manifest)  # a dynamic build: setters with shapes, outputs sized by each run
+    taken = {"LIBRARY_FILE", "MODEL_SHA256", "INPUTS", "OUTPUTS", *(t.constant for t in (*inputs, *outputs))}
+    dim_constants = {r.name: _unique(f"DIM_{_constant(r.name, 'dim')}", taken) for r in dims}
+    names = {"model", "out", *(t.ident for t in (*inputs, *outputs))}
+    shape_params = {t.index: _unique(t.ident + "Shape", names) for t in inputs if t.is_dynamic}
+    shape_fields = {t.index: _unique(t.ident + "Shape", names) for t in outputs} if dims else {}
 
     def processed(t: JavaTensor) -> str:
         """What a processed input or output is, for its Javadoc (empty for the model's own tensors)."""
@@ -252,13 +300,28 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
     for t in outputs:
         add(f" *   <li>{_describe(t)}{processed(t)}</li>")
     add(" * </ul>")
+    if dims:
+        add(" * <p>Dynamic dimensions: the model runs at every size in these ranges (one build, compiled with")
+        add(" * <code>--dim</code>); outputs marked <code>?</code> have the extents each run gives them.")
+        add(" * <ul>")
+        for r in dims:
+            add(f" *   <li>{_doc_text(dim_text(r))} ({{@link #{dim_constants[r.name]}}})</li>")
+        add(" * </ul>")
     add(" *")
     add(" * <pre>{@code")
     add(f" * try ({cls} model = {cls}.load(context)) {{")
     for t in inputs:
-        add(f" *   {t.buffer_type} {t.ident} = {cls}.{t.allocator}();  // fill {t.element_count} values")
-    add(f" *   {cls}.Outputs out = model.run({', '.join(t.ident for t in inputs)});")
-    add(f" *   // read out.{outputs[0].ident}")
+        what = f"room for {t.element_count} values, the largest size" if t.is_dynamic else f"fill {t.element_count} values"
+        add(f" *   {t.buffer_type} {t.ident} = {cls}.{t.allocator}();  // {what}")
+    if dims:
+        example = ", ".join(
+            t.ident + (", new long[] {" + ", ".join(str(d).lower() for d in t.shape) + "}" if t.is_dynamic else "")
+            for t in inputs)
+        add(f" *   {cls}.Outputs out = model.run({example});  // {', '.join(dim_text(r) for r in dims)}")
+        add(f" *   // read out.{outputs[0].ident}, of shape out.{shape_fields[0]}")
+    else:
+        add(f" *   {cls}.Outputs out = model.run({', '.join(t.ident for t in inputs)});")
+        add(f" *   // read out.{outputs[0].ident}")
     add(" * }")
     add(" * }</pre>")
     add(" *")
@@ -274,13 +337,26 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
     add("")
     add("  /** SHA-256 of the model file this class was generated from. */")
     add(f"  public static final String MODEL_SHA256 = {_java_string(manifest.model_sha256)};")
+    for r in dims:
+        add("")
+        add(f"  /** Dynamic dimension {_doc_text(dim_text(r))}. */")
+        add(f"  public static final TensorInfo.Dim {dim_constants[r.name]} =")
+        add(f"      new TensorInfo.Dim({_java_string(r.name)}, {r.min}L, {r.max}L, {r.step}L);")
     for kind, tensors in (("Input", inputs), ("Output", outputs)):
         for t in tensors:
-            dims = ", ".join(f"{d}L" for d in t.shape)
+            extents = ", ".join(f"{d}L" if isinstance(d, int) else "-1L" for d in t.shape)
+            ranges = ""
+            if t.ranges:
+                ranges = ", new TensorInfo.Dim[] {" + ", ".join(
+                    dim_constants[r.name] if r is not None else "null" for r in t.ranges) + "}"
+            doc = f"{kind} {t.index} {_describe(t)}"
+            if t.ranges:
+                doc += " with " + ", ".join(dict.fromkeys(_doc_text(dim_text(r)) for r in t.ranges if r is not None))
             add("")
-            add(f"  /** {kind} {t.index} {_describe(t)}. */")
+            add(f"  /** {doc}. */")
             add(f"  public static final TensorInfo {t.constant} =")
-            add(f"      new TensorInfo({_java_string(t.name)}, DType.{t.dtype.upper()}, new long[] {{{dims}}});")
+            add(f"      new TensorInfo({_java_string(t.name)}, DType.{t.dtype.upper()}, new long[] {{{extents}}}"
+                f"{ranges});")
     if frame is not None:
         add("")
         add(f"  /** Format of the camera frames input {frame.name!r} takes ({_doc_text(frame.setting.format)}). */")
@@ -348,39 +424,59 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
     for kind, tensors in (("input", inputs), ("output", outputs)):
         for t in tensors:
             view = f".{t.view_method}()" if t.view_method else ""
+            if kind == "output" and t.is_dynamic:
+                continue  # its size is the run's: Outputs holds it, or NativeModel.getOutput(index)
+            if t.is_dynamic:
+                method([f"Allocates a buffer for {kind} {_describe(t)} at its largest size, {list(t.max_shape)}:",
+                        f"{t.element_count} values, direct, {NATIVE_ALIGNMENT}-byte aligned, native byte order. It takes the",
+                        "values of any smaller size too (from position 0).", "",
+                        f"@return a new buffer with position 0 and limit {t.element_count}"],
+                       f"public static {t.buffer_type} {t.allocator}()",
+                       [f"return NativeModel.allocate({t.constant}.byteSize()){view};"])
+                method([f"Allocates a buffer for {kind} {_describe(t)} at one size: direct,",
+                        f"{NATIVE_ALIGNMENT}-byte aligned, native byte order.", "",
+                        "@param shape the extents, e.g. {@code new long[] {"
+                        + ", ".join(str(d) for d in t.max_shape) + "}}",
+                        "@return a new buffer with position 0 and limit the product of the extents"],
+                       f"public static {t.buffer_type} {t.allocator}(long[] shape)",
+                       [f"return NativeModel.allocate({t.constant}.byteSize(shape)){view};"])
+                continue
             method([f"Allocates a buffer for {kind} {_describe(t)}: {t.element_count} values, direct,",
                     f"{NATIVE_ALIGNMENT}-byte aligned, native byte order.", "",
                     f"@return a new buffer with position 0 and limit {t.element_count}"],
                    f"public static {t.buffer_type} {t.allocator}()",
                    [f"return NativeModel.allocate({t.constant}.byteSize()){view};"])
 
-    in_params = ", ".join(f"{t.buffer_type} {t.ident}" for t in inputs)
-    out_params = ", ".join(f"{t.buffer_type} {t.ident}" for t in outputs)
-    in_array = ", ".join(t.ident for t in inputs)
-    out_array = ", ".join(t.ident for t in outputs)
-    param_docs = [f"@param {t.ident} input {_describe(t)}" for t in inputs]
-    throws_run = ["@throws EdgepackException with the native message (wrong buffer size, closed model,",
-                  "    runtime failure)"]
-    method(["Runs the model once and writes every output into the given buffers.", "",
-            *param_docs, *(f"@param {t.ident} receives output {_describe(t)}" for t in outputs), *throws_run],
-           f"public void run({', '.join(p for p in (in_params, out_params) if p)})",
-           [f"model.run(new Buffer[] {{{in_array}}}, new Buffer[] {{{out_array}}});"])
-    method(["Runs the model once and returns its outputs in new direct buffers.", "",
-            *param_docs, "@return the outputs", *throws_run],
-           f"public Outputs run({in_params})",
-           ["synchronized (model) {",
-            f"  model.run(new Buffer[] {{{in_array}}});",
-            f"  Outputs out = new Outputs({', '.join(f'{t.allocator}()' for t in outputs)});",
-            *(f"  model.getOutput({t.index}, out.{t.ident});" for t in outputs),
-            "  return out;",
-            "}"])
+    if dims:
+        _dynamic_run_methods(method, inputs, outputs, shape_params, shape_fields)
+    else:
+        in_params = ", ".join(f"{t.buffer_type} {t.ident}" for t in inputs)
+        out_params = ", ".join(f"{t.buffer_type} {t.ident}" for t in outputs)
+        in_array = ", ".join(t.ident for t in inputs)
+        out_array = ", ".join(t.ident for t in outputs)
+        param_docs = [f"@param {t.ident} input {_describe(t)}" for t in inputs]
+        throws_run = ["@throws EdgepackException with the native message (wrong buffer size, closed model,",
+                      "    runtime failure)"]
+        method(["Runs the model once and writes every output into the given buffers.", "",
+                *param_docs, *(f"@param {t.ident} receives output {_describe(t)}" for t in outputs), *throws_run],
+               f"public void run({', '.join(p for p in (in_params, out_params) if p)})",
+               [f"model.run(new Buffer[] {{{in_array}}}, new Buffer[] {{{out_array}}});"])
+        method(["Runs the model once and returns its outputs in new direct buffers.", "",
+                *param_docs, "@return the outputs", *throws_run],
+               f"public Outputs run({in_params})",
+               ["synchronized (model) {",
+                f"  model.run(new Buffer[] {{{in_array}}});",
+                f"  Outputs out = new Outputs({', '.join(f'{t.allocator}()' for t in outputs)});",
+                *(f"  model.getOutput({t.index}, out.{t.ident});" for t in outputs),
+                "  return out;",
+                "}"])
     if bitmap:
         method(["Runs the model on an Android bitmap: its pixels become a " + _doc_text(frame.setting.format)
                 + " frame (see {@link Frames#fromBitmap}),",
                 "which the model converts, resizes and normalises itself.", "",
                 "@param bitmap a FRAME_WIDTH x FRAME_HEIGHT bitmap",
-                "@return the outputs", "@throws EdgepackException with the native message, or (status SHAPE) for "
-                "a bitmap of another size"],
+                "@return the outputs", ("@throws EdgepackException with the native message, or (status SHAPE) for "
+                                        "a bitmap of another size")],
                "public Outputs run(Bitmap bitmap)",
                [f"ByteBuffer frame = {inputs[0].allocator}();",
                 "Frames.fromBitmap(bitmap, FRAME_FORMAT, FRAME_HEIGHT, FRAME_WIDTH, frame);",
@@ -391,20 +487,87 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
     method(["Releases the native model. Calling it again does nothing."],
            "@Override\n  public void close()", ["model.close();"])
     add("")
-    add("  /** The outputs of one run, in new buffers (see {@link #run(" +
-        ", ".join(t.buffer_type for t in inputs) + ")}). */")
+    run_types = ", ".join(t.buffer_type + (", long[]" if t.index in shape_params else "") for t in inputs)
+    add("  /** The outputs of one run, in new buffers (see {@link #run(" + run_types + ")}). */")
     add("  public static final class Outputs {")
     for t in outputs:
         add(f"    /** Output {_describe(t)}. */")
         add(f"    public final {t.buffer_type} {t.ident};")
         add("")
-    add(f"    private Outputs({out_params}) {{")
+        if t.index in shape_fields:
+            add(f"    /** The shape output <code>{_doc_text(t.name)}</code> had in this run. */")
+            add(f"    public final long[] {shape_fields[t.index]};")
+            add("")
+    fields = [f"{t.buffer_type} {t.ident}" + (f", long[] {shape_fields[t.index]}" if t.index in shape_fields else "")
+              for t in outputs]
+    add(f"    private Outputs({', '.join(fields)}) {{")
     for t in outputs:
         add(f"      this.{t.ident} = {t.ident};")
+        if t.index in shape_fields:
+            add(f"      this.{shape_fields[t.index]} = {shape_fields[t.index]};")
     add("    }")
     add("  }")
     add("}")
     return "\n".join(lines) + "\n"
+
+
+def _dynamic_run_methods(method, inputs: Sequence[JavaTensor], outputs: Sequence[JavaTensor],
+                         shape_params: dict[int, str], shape_fields: dict[int, str]) -> None:
+    """A dynamic build's setters (one per input; a dynamic input's takes the data's shape), ``run()`` on the
+    inputs set and ``run(inputs with shapes)``, both returning the outputs at the sizes the run produced."""
+    throws_shape = ["@throws EdgepackException (status SHAPE) with the native message for a size out of its",
+                    "    dimension's range or off its step (naming the dimension and its range), or a buffer with",
+                    "    fewer values than the shape; with the native message for a closed model"]
+    for t in inputs:
+        if t.index in shape_params:
+            ranges = ", ".join(dict.fromkeys(_doc_text(dim_text(r)) for r in t.ranges if r is not None))
+            method([f"Sets input {_describe(t)} to values of the given shape ({ranges});",
+                    "the next run runs at that size. A direct buffer is read in place during the run.", "",
+                    f"@param {t.ident} the values, row-major, from the buffer's position",
+                    "@param shape the extents of the values, e.g. {@code new long[] {"
+                    + ", ".join(str(d) for d in t.max_shape) + "}}",
+                    *throws_shape],
+                   f"public void {t.setter}({t.buffer_type} {t.ident}, long[] shape)",
+                   [f"model.setInput({t.index}, {t.ident}, shape);"])
+        else:
+            method([f"Sets input {_describe(t)}. A direct buffer is read in place during the run.", "",
+                    f"@param {t.ident} the values, row-major, from the buffer's position",
+                    "@throws EdgepackException with the native message (wrong buffer size, closed model)"],
+                   f"public void {t.setter}({t.buffer_type} {t.ident})",
+                   [f"model.setInput({t.index}, {t.ident});"])
+
+    def read(t: JavaTensor) -> str:
+        view = f".{t.view_method}()" if t.view_method else ""
+        return f"model.getOutput({t.index}){view}, model.outputShape({t.index})"
+
+    throws_run = ["@throws EdgepackException with the native message (an input not set, inputs that disagree on",
+                  "    a shared dimension, closed model, runtime failure)"]
+    method(["Runs the model once on the inputs set (see the <code>set...</code> methods) and returns its",
+            "outputs in new direct buffers, as large as this run produced them.", "",
+            "@return the outputs and their shapes", *throws_run],
+           "public Outputs run()",
+           ["synchronized (model) {",
+            "  model.run();",
+            "  return new Outputs(",
+            *(f"      {read(t)}{',' if n + 1 < len(outputs) else ');'}" for n, t in enumerate(outputs)),
+            "}"])
+    params, docs = [], []
+    for t in inputs:
+        params.append(f"{t.buffer_type} {t.ident}")
+        docs.append(f"@param {t.ident} input {_describe(t)}")
+        if t.index in shape_params:
+            params.append(f"long[] {shape_params[t.index]}")
+            docs.append(f"@param {shape_params[t.index]} the shape of <code>{t.ident}</code>'s values")
+    method(["Sets the inputs (dynamic ones with the shape of their values), runs the model once and",
+            "returns its outputs in new direct buffers, as large as this run produced them.", "",
+            *docs, "@return the outputs and their shapes", *throws_shape[:-1],
+            "    fewer values than the shape; with the native message for a closed model or a runtime failure"],
+           f"public Outputs run({', '.join(params)})",
+           ["synchronized (model) {",
+            *(f"  {t.setter}({t.ident}" + (f", {shape_params[t.index]}" if t.index in shape_params else "") + ");"
+              for t in inputs),
+            "  return run();",
+            "}"])
 
 
 NATIVE_ALIGNMENT = 64  # NativeModel.ALIGNMENT, EP_ALIGNMENT

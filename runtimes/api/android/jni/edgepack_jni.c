@@ -19,6 +19,7 @@
  */
 #include <jni.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "edgepack.h"
@@ -179,6 +180,40 @@ static jint native_find(JNIEnv* env, jclass cls, jlong handle, jboolean output, 
   return (jint)index;
 }
 
+/* The range of dimension `dim` of input `index` (a dynamic one: its name's min, max, step; a static
+ * one: min = max = its extent, step 1) as {min, max, step}. */
+static jlongArray native_input_dim(JNIEnv* env, jclass cls, jlong handle, jint index, jint dim) {
+  ep_dim_range range;
+  jlong values[3];
+  jlongArray out;
+  ep_status st;
+  (void)cls;
+  st = ep_model_input_dim(to_model(handle), (int)index, (int)dim, &range);
+  if (st != EP_OK) {
+    throw_status(env, st);
+    return NULL;
+  }
+  values[0] = (jlong)range.min;
+  values[1] = (jlong)range.max;
+  values[2] = (jlong)range.step;
+  out = (*env)->NewLongArray(env, 3);
+  if (out != NULL) (*env)->SetLongArrayRegion(env, out, 0, 3, values);
+  return out;
+}
+
+/* The name of dimension `dim` of input `index`: a dynamic one's ("W"), "" for a static one. */
+static jstring native_input_dim_name(JNIEnv* env, jclass cls, jlong handle, jint index, jint dim) {
+  ep_dim_range range;
+  ep_status st;
+  (void)cls;
+  st = ep_model_input_dim(to_model(handle), (int)index, (int)dim, &range);
+  if (st != EP_OK) {
+    throw_status(env, st);
+    return NULL;
+  }
+  return (*env)->NewStringUTF(env, range.name != NULL ? range.name : "");
+}
+
 /* ---- running ------------------------------------------------------------------------------ */
 
 /* The buffer is used in place when 64-byte aligned (see edgepack.h "Ownership"); the Java class
@@ -191,6 +226,90 @@ static void native_set_input(JNIEnv* env, jclass cls, jlong handle, jint index, 
   data = buffer_address(env, buffer, offset, size);
   if (data == NULL) return;
   st = ep_model_set_input(to_model(handle), (int)index, data, (size_t)size);
+  if (st != EP_OK) throw_status(env, st);
+}
+
+/* Dense size in bytes of `ndim` extents of `elem`-byte elements; 0 (and *out untouched) when an
+ * extent is negative or the size does not fit in a jlong. */
+static int shape_bytes(const int64_t* shape, int ndim, size_t elem, jlong* out) {
+  int64_t bytes = (int64_t)elem;
+  int i;
+  for (i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) return 0;
+    if (shape[i] != 0 && bytes > INT64_MAX / shape[i]) return 0;
+    bytes *= shape[i];
+  }
+  *out = (jlong)bytes;
+  return 1;
+}
+
+/* Throw EP_ERR_SHAPE for a buffer of `size` bytes that is too small for `shape` (`needed` bytes;
+ * 0: the shape has a negative extent or is too large to address). */
+static void throw_too_small(JNIEnv* env, jlong handle, jint index, const int64_t* shape, int ndim,
+                            jlong needed, jlong size) {
+  ep_tensor_info info;
+  char dims[160], message[320];
+  size_t pos = 0;
+  int i;
+  dims[0] = '\0';
+  for (i = 0; i < ndim && pos < sizeof(dims); ++i) {
+    pos += (size_t)snprintf(dims + pos, sizeof(dims) - pos, i ? ",%lld" : "%lld",
+                            (long long)shape[i]);
+  }
+  if (ep_model_input_info(to_model(handle), (int)index, &info) != EP_OK) info.name = "?";
+  if (needed > 0) {
+    snprintf(message, sizeof(message),
+             "input %d '%s': shape [%s] needs %lld bytes, the buffer holds %lld", (int)index,
+             info.name, dims, (long long)needed, (long long)size);
+  } else {
+    snprintf(message, sizeof(message), "input %d '%s': [%s] is not a shape it can take",
+             (int)index, info.name, dims);
+  }
+  throw_message(env, EP_ERR_SHAPE, message);
+}
+
+/* Set input `index` from a buffer holding the dense values of `shape` (at least that many bytes
+ * from offset; more are ignored) with ep_model_set_input_typed, which takes any value of a dynamic
+ * dimension in its range and refuses others with EP_ERR_SHAPE naming the dimension and its range.
+ * The C API reads as many bytes as the shape has, so a buffer too small for it is refused here, but
+ * only after the C API has judged the shape without data (it checks index, dtype and shape, then
+ * stops at the NULL data, leaving the model as it was): a size out of range gets its message. */
+static void native_set_input_typed(JNIEnv* env, jclass cls, jlong handle, jint index,
+                                   jobject buffer, jlong offset, jlong size, jint dtype,
+                                   jlongArray shape) {
+  int64_t dims[EP_MAX_NDIM];
+  jlong values[EP_MAX_NDIM];
+  jlong needed = 0;
+  jsize ndim;
+  void* data;
+  ep_status st;
+  int i;
+  (void)cls;
+  if (shape == NULL) {
+    throw_message(env, EP_ERR_INVALID_ARGUMENT, "shape is null");
+    return;
+  }
+  ndim = (*env)->GetArrayLength(env, shape);
+  if (ndim > EP_MAX_NDIM) {
+    throw_message(env, EP_ERR_SHAPE, "the shape has more dimensions than EP_MAX_NDIM (8)");
+    return;
+  }
+  if (ndim > 0) (*env)->GetLongArrayRegion(env, shape, 0, ndim, values);
+  for (i = 0; i < (int)ndim; ++i) dims[i] = (int64_t)values[i];
+  data = buffer_address(env, buffer, offset, size);
+  if (data == NULL) return;
+  if (!shape_bytes(dims, (int)ndim, ep_dtype_size((ep_dtype)dtype), &needed) || needed > size) {
+    st = ep_model_set_input_typed(to_model(handle), (int)index, NULL, (ep_dtype)dtype,
+                                  (int32_t)ndim, dims);
+    if (st != EP_OK && (st != EP_ERR_INVALID_ARGUMENT || to_model(handle) == NULL)) {
+      throw_status(env, st);
+    } else {
+      throw_too_small(env, handle, index, dims, (int)ndim, needed, size);
+    }
+    return;
+  }
+  st = ep_model_set_input_typed(to_model(handle), (int)index, data, (ep_dtype)dtype,
+                                (int32_t)ndim, dims);
   if (st != EP_OK) throw_status(env, st);
 }
 
@@ -210,6 +329,26 @@ static void native_copy_output(JNIEnv* env, jclass cls, jlong handle, jint index
   if (data == NULL) return;
   st = ep_model_copy_output(to_model(handle), (int)index, data, (size_t)size);
   if (st != EP_OK) throw_status(env, st);
+}
+
+/* The shape output `index` had in the last run (ep_model_output_shape). */
+static jlongArray native_output_shape(JNIEnv* env, jclass cls, jlong handle, jint index) {
+  int64_t dims[EP_MAX_NDIM];
+  jlong values[EP_MAX_NDIM];
+  int32_t ndim = 0;
+  jlongArray shape;
+  ep_status st;
+  int i;
+  (void)cls;
+  st = ep_model_output_shape(to_model(handle), (int)index, &ndim, dims);
+  if (st != EP_OK) {
+    throw_status(env, st);
+    return NULL;
+  }
+  for (i = 0; i < ndim; ++i) values[i] = (jlong)dims[i];
+  shape = (*env)->NewLongArray(env, (jsize)ndim);
+  if (shape != NULL && ndim > 0) (*env)->SetLongArrayRegion(env, shape, 0, (jsize)ndim, values);
+  return shape;
 }
 
 static jlong native_address(JNIEnv* env, jclass cls, jobject buffer) {
@@ -235,9 +374,13 @@ static const JNINativeMethod g_methods[] = {
     {"nativeDtype", "(JZI)I", (void*)native_dtype},
     {"nativeShape", "(JZI)[J", (void*)native_shape},
     {"nativeFind", "(JZLjava/lang/String;)I", (void*)native_find},
+    {"nativeInputDim", "(JII)[J", (void*)native_input_dim},
+    {"nativeInputDimName", "(JII)Ljava/lang/String;", (void*)native_input_dim_name},
     {"nativeSetInput", "(JI" BUF "JJ)V", (void*)native_set_input},
+    {"nativeSetInputTyped", "(JI" BUF "JJI[J)V", (void*)native_set_input_typed},
     {"nativeRun", "(J)V", (void*)native_run},
     {"nativeCopyOutput", "(JI" BUF "JJ)V", (void*)native_copy_output},
+    {"nativeOutputShape", "(JI)[J", (void*)native_output_shape},
     {"nativeAddress", "(" BUF ")J", (void*)native_address},
     {"nativeApiVersion", "()I", (void*)native_api_version},
 };

@@ -33,6 +33,13 @@ import java.util.List;
  * may run concurrently. The number of worker threads of one run is set by the environment
  * variable {@code TVM_NUM_THREADS} (default: one per core).
  *
+ * <p>Dynamic sizes: a model compiled for a range of input sizes ({@code --dim W=32..1280}) has
+ * inputs whose {@link TensorInfo#dim} gives the range of each dynamic dimension. Set them with
+ * {@link #setInput(int, Buffer, long[])} and the data's shape (a size out of range or off the step
+ * throws {@link EdgepackException} with status {@link EdgepackException#SHAPE} and the native
+ * message, which names the dimension and its range), and read each output's extents of the run
+ * with {@link #outputShape}; {@link #getOutput(int)} returns as many values as the run produced.
+ *
  * <p>Lifetime: release the native model with {@link #close} (or try-with-resources). Calls on a
  * closed model throw {@link EdgepackException} with the native runtime's message; the tensor
  * descriptions stay readable.
@@ -78,11 +85,24 @@ public final class NativeModel implements AutoCloseable {
     int n = nativeCount(handle, output);
     TensorInfo[] infos = new TensorInfo[n];
     for (int i = 0; i < n; i++) {
+      long[] shape = nativeShape(handle, output, i);
+      TensorInfo.Dim[] dims = null;
+      for (int d = 0; d < shape.length && !output; d++) {
+        if (shape[d] < 0) { // a dynamic input dimension: its name and range
+          if (dims == null) {
+            dims = new TensorInfo.Dim[shape.length];
+          }
+          long[] range = nativeInputDim(handle, i, d);
+          String name = nativeInputDimName(handle, i, d);
+          dims[d] = new TensorInfo.Dim(name, range[0], range[1], range[2]);
+        }
+      }
       infos[i] =
           new TensorInfo(
               nativeName(handle, output, i),
               DType.fromCode(nativeDtype(handle, output, i)),
-              nativeShape(handle, output, i));
+              shape,
+              dims);
     }
     return infos;
   }
@@ -327,6 +347,16 @@ public final class NativeModel implements AutoCloseable {
     boolean known = index >= 0 && index < inputs.length;
     if (known) {
       checkBuffer(data, inputs[index], "input " + index);
+      if (inputs[index].isDynamic()) {
+        throw new EdgepackException(
+            "input "
+                + index
+                + " "
+                + inputs[index]
+                + " has dynamic dimensions: set it with setInput(index, data, shape), which"
+                + " states the shape of the data",
+            EdgepackException.SHAPE);
+      }
     }
     Buffer direct = data;
     if (!data.isDirect()) {
@@ -338,6 +368,48 @@ public final class NativeModel implements AutoCloseable {
     int elem = elementSize(direct);
     nativeSetInput(handle, index, direct, (long) direct.position() * elem,
         (long) direct.remaining() * elem);
+    if (known) {
+      inputRefs[index] = direct;
+    }
+  }
+
+  /**
+   * Sets input {@code index} from {@code data} holding the dense values of {@code shape}
+   * (row-major, from the buffer's position; at least that many must remain, more are ignored). A
+   * dynamic dimension of the input (see {@link TensorInfo#dim}) takes any value in its range; the
+   * model then runs at that size. Static dimensions must have their extent. A direct buffer is not
+   * copied: it must stay unchanged until {@link #run} returns.
+   *
+   * @param index the input index
+   * @param data the input values
+   * @param shape the extents of the data, one per dimension of the input
+   * @throws EdgepackException (status {@link EdgepackException#SHAPE}) with the native message
+   *     for a size out of its dimension's range or off its step (it names the dimension and its
+   *     range), a wrong rank or static extent, or a buffer with fewer values than the shape; with
+   *     the native message for a wrong index or closed model; (status {@link
+   *     EdgepackException#DTYPE}) for a buffer type that does not hold the input's dtype
+   */
+  public synchronized void setInput(int index, Buffer data, long[] shape) {
+    if (data == null) {
+      throw new NullPointerException("data");
+    }
+    if (shape == null) {
+      throw new NullPointerException("shape");
+    }
+    boolean known = index >= 0 && index < inputs.length;
+    if (known) {
+      checkBuffer(data, inputs[index], "input " + index);
+    }
+    Buffer direct = data;
+    if (!data.isDirect()) {
+      direct = copyInto(known ? scratch[index] : null, data);
+      if (known) {
+        scratch[index] = (ByteBuffer) direct;
+      }
+    }
+    int elem = elementSize(direct);
+    nativeSetInputTyped(handle, index, direct, (long) direct.position() * elem,
+        (long) direct.remaining() * elem, known ? inputs[index].dtype().code() : 0, shape.clone());
     if (known) {
       inputRefs[index] = direct;
     }
@@ -358,6 +430,38 @@ public final class NativeModel implements AutoCloseable {
     }
     for (int i = 0; i < inputs.length; i++) {
       setInput(i, inputs[i]);
+    }
+    nativeRun(handle);
+  }
+
+  /**
+   * Sets the given inputs with their shapes, in order, and runs the model once: the form for
+   * inputs with dynamic dimensions.
+   *
+   * @param inputs one buffer per input
+   * @param shapes the shape of each input's data (see {@link #setInput(int, Buffer, long[])}); a
+   *     {@code null} entry sets an input of static shape without one
+   * @throws EdgepackException with the native message (a size out of range, inputs that disagree
+   *     on a shared dimension, closed model, runtime failure)
+   */
+  public synchronized void run(Buffer[] inputs, long[][] shapes) {
+    if (inputs.length != this.inputs.length || shapes.length != inputs.length) {
+      throw new EdgepackException(
+          "the model has "
+              + this.inputs.length
+              + " inputs, got "
+              + inputs.length
+              + " buffers and "
+              + shapes.length
+              + " shapes",
+          EdgepackException.INVALID_ARGUMENT);
+    }
+    for (int i = 0; i < inputs.length; i++) {
+      if (shapes[i] == null) {
+        setInput(i, inputs[i]);
+      } else {
+        setInput(i, inputs[i], shapes[i]);
+      }
     }
     nativeRun(handle);
   }
@@ -386,7 +490,8 @@ public final class NativeModel implements AutoCloseable {
 
   /**
    * Copies output {@code index} of the last run into {@code dst} (from its position; at least the
-   * output's byte size must remain). The position of {@code dst} is not moved.
+   * output's byte size in that run must remain, see {@link #outputShape}). The position of {@code
+   * dst} is not moved.
    *
    * @param index the output index
    * @param dst where to write the values
@@ -412,6 +517,9 @@ public final class NativeModel implements AutoCloseable {
       nativeCopyOutput(handle, index, dst, (long) dst.position() * elem, bytes);
       return;
     }
+    if (index >= 0 && index < outputs.length && outputs[index].isDynamic()) {
+      bytes = Math.min(bytes, producedBytes(index)); // copy back only what the run produced
+    }
     ByteBuffer tmp = ByteBuffer.allocateDirect((int) bytes).order(ByteOrder.nativeOrder());
     nativeCopyOutput(handle, index, tmp, 0, bytes);
     copyOut(tmp, dst);
@@ -419,17 +527,37 @@ public final class NativeModel implements AutoCloseable {
 
   /**
    * Returns a copy of output {@code index} of the last run in a new direct buffer (native byte
-   * order).
+   * order), as large as the run produced it (see {@link #outputShape}).
    *
    * @param index the output index
    * @return the output's bytes; use {@code asFloatBuffer()} and friends for typed access
    * @throws EdgepackException with the native message
    */
   public synchronized ByteBuffer getOutput(int index) {
-    long size = index >= 0 && index < outputs.length ? outputs[index].byteSize() : 0;
+    long size = 0;
+    if (index >= 0 && index < outputs.length) {
+      size = outputs[index].isDynamic() ? producedBytes(index) : outputs[index].byteSize();
+    }
     ByteBuffer out = allocate(size);
     getOutput(index, out);
     return out;
+  }
+
+  /**
+   * Returns the shape output {@code index} had in the last run. For outputs whose extents follow
+   * a dynamic input dimension (or that the model decides at run time: -1 in {@link #output}) this
+   * is where to learn them.
+   *
+   * @param index the output index
+   * @return the extents, row-major
+   * @throws EdgepackException with the native message (no run yet, bad index, closed model)
+   */
+  public synchronized long[] outputShape(int index) {
+    return nativeOutputShape(handle, index);
+  }
+
+  private long producedBytes(int index) {
+    return outputs[index].byteSize(nativeOutputShape(handle, index));
   }
 
   /**
@@ -617,13 +745,22 @@ public final class NativeModel implements AutoCloseable {
 
   private static native int nativeFind(long handle, boolean output, String name);
 
+  private static native long[] nativeInputDim(long handle, int index, int dim);
+
+  private static native String nativeInputDimName(long handle, int index, int dim);
+
   private static native void nativeSetInput(
       long handle, int index, Buffer data, long offset, long size);
+
+  private static native void nativeSetInputTyped(
+      long handle, int index, Buffer data, long offset, long size, int dtype, long[] shape);
 
   private static native void nativeRun(long handle);
 
   private static native void nativeCopyOutput(
       long handle, int index, Buffer dst, long offset, long size);
+
+  private static native long[] nativeOutputShape(long handle, int index);
 
   private static native long nativeAddress(Buffer buffer);
 
