@@ -358,13 +358,7 @@ public final class NativeModel implements AutoCloseable {
             EdgepackException.SHAPE);
       }
     }
-    Buffer direct = data;
-    if (!data.isDirect()) {
-      direct = copyInto(known ? scratch[index] : null, data);
-      if (known) {
-        scratch[index] = (ByteBuffer) direct;
-      }
-    }
+    Buffer direct = staged(index, data, known);
     int elem = elementSize(direct);
     nativeSetInput(handle, index, direct, (long) direct.position() * elem,
         (long) direct.remaining() * elem);
@@ -400,13 +394,7 @@ public final class NativeModel implements AutoCloseable {
     if (known) {
       checkBuffer(data, inputs[index], "input " + index);
     }
-    Buffer direct = data;
-    if (!data.isDirect()) {
-      direct = copyInto(known ? scratch[index] : null, data);
-      if (known) {
-        scratch[index] = (ByteBuffer) direct;
-      }
-    }
+    Buffer direct = staged(index, data, known);
     int elem = elementSize(direct);
     nativeSetInputTyped(handle, index, direct, (long) direct.position() * elem,
         (long) direct.remaining() * elem, known ? inputs[index].dtype().code() : 0, shape.clone());
@@ -669,6 +657,18 @@ public final class NativeModel implements AutoCloseable {
   }
 
   /** Copies src's remaining elements into reuse (if it has the right size) or a new buffer. */
+  /** {@code data} itself where direct, else a copy in input {@code index}'s reused scratch buffer. */
+  private Buffer staged(int index, Buffer data, boolean known) {
+    if (data.isDirect()) {
+      return data;
+    }
+    ByteBuffer copy = copyInto(known ? scratch[index] : null, data);
+    if (known) {
+      scratch[index] = copy;
+    }
+    return copy;
+  }
+
   private static ByteBuffer copyInto(ByteBuffer reuse, Buffer src) {
     long bytes = (long) src.remaining() * elementSize(src);
     ByteBuffer out = reuse != null && reuse.capacity() == bytes ? reuse : allocate(bytes);
