@@ -203,6 +203,11 @@ def is_constant(extent) -> bool:
     return isinstance(extent, tirx.IntImm)
 
 
+def shape_key(buffer) -> tuple[int | str, ...]:
+    """A buffer's shape, extents that change at run time (``--dim``) as their text: what shapes are compared by."""
+    return tuple(int(x) if is_constant(x) else str(x) for x in buffer.shape)
+
+
 def static_extent(sch, loop) -> int | None:
     extent = sch.get(loop).extent
     return int(extent.value) if is_constant(extent) else None

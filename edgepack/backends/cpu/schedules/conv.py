@@ -9,6 +9,7 @@ from edgepack.backends.cpu.schedules.anatomy import (
     is_constant,
     is_spatial,
     reduction_anatomy,
+    shape_key,
     static_extent,
     stores_one_value,
 )
@@ -65,11 +66,11 @@ def scaled_input(sch) -> Any:
         stmt = sch.get(block)
         if not is_spatial(sch, block) or not stores_one_value(sch, block) or len(stmt.writes) != 1:
             continue
-        shape = _shape_key(stmt.writes[0].source)
+        shape = shape_key(stmt.writes[0].source)
         if len(shape) != 4 or not isinstance(shape[-1], int) or shape[-1] < 2:
             continue
         sources = [r.source for r in stmt.reads]
-        same = [b for b in sources if _shape_key(b) == shape]
+        same = [b for b in sources if shape_key(b) == shape]
         factors = [b for b in sources if _static(b) and _per_channel(b, shape[-1])]
         if len(same) == 1 and factors and len(same) + len(factors) == len(sources) \
                 and _reaches(sch, block, reductions[0]):
@@ -79,11 +80,6 @@ def scaled_input(sch) -> Any:
 
 def _static(buffer) -> bool:
     return all(is_constant(x) for x in buffer.shape)
-
-
-def _shape_key(buffer) -> tuple[int | str, ...]:
-    """A buffer's shape, symbolic extents (``--dim``) as their text."""
-    return tuple(int(x) if is_constant(x) else str(x) for x in buffer.shape)
 
 
 def _per_channel(buffer, channels: int) -> bool:

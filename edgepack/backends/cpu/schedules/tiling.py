@@ -28,9 +28,9 @@ from edgepack.backends.cpu.schedules.anatomy import (
     dim_hint,
     extent_hint,
     index_period,
-    is_constant,
     is_spatial,
     scalar_only,
+    shape_key,
     static_extent,
     stores_one_value,
 )
@@ -390,7 +390,7 @@ def _crops(shape: tuple, kept: tuple) -> bool:
 
 def _output_shape(sch, block) -> tuple:
     """The block's output extents: ints, or the text of those that change at run time."""
-    return tuple(int(x) if is_constant(x) else str(x) for x in sch.get(block).writes[0].source.shape)
+    return shape_key(sch.get(block).writes[0].source)
 
 
 def place_padding(sch, anatomy: Anatomy, tile_loop, cpu: CpuInfo, channel_tiles: int = 1) -> None:
