@@ -673,11 +673,15 @@ def onnx_conv_lstm_classifier(path: Path, *, seed: int = 0, classes: int = 1001)
     return _save_opset17(graph, path)
 
 
-def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
+def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0, weights: tuple[int, ...] | None = None,
+                   depth: int = 4) -> Path:
     """An 8-bit QDQ network (``dtype`` activations in and out, per-channel int8 weights, int32 biases) whose
     convolutions take every form the dot-product kernels handle: 5 input channels (not a multiple of 4),
     output channels that make no whole vector (24, 20),
-    asymmetric padding, stride 2, dilation 2, a 1x1; activations with a zero point away from 0."""
+    asymmetric padding, stride 2, dilation 2, a 1x1; activations with a zero point away from 0.
+    ``weights``: the values the weights are drawn from (default: all of int8 but -128), their scales
+    made small enough that sums of the largest products stay in range. ``depth``: the first so many of the
+    4 convolutions."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -702,10 +706,16 @@ def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
 
     x, x_scale = "input", 0.05
     channels = 5
-    layers = [(32, 3, [1, 0, 2, 1], 1, 1), (24, 3, [1, 1, 1, 1], 2, 1), (48, 3, [2, 2, 2, 2], 1, 2), (20, 1, [0] * 4, 1, 1)]
+    layers = [(32, 3, [1, 0, 2, 1], 1, 1), (24, 3, [1, 1, 1, 1], 2, 1), (48, 3, [2, 2, 2, 2], 1, 2),
+              (20, 1, [0] * 4, 1, 1)][:depth]
+    size = [15, 13]
     for i, (out, k, pads, stride, dilation) in enumerate(layers):
-        w = rng.integers(-127, 128, (out, channels, k, k)).astype(np.int8)
-        w_scale = (rng.uniform(0.5, 1.5, out) * 0.01).astype(np.float32)
+        if weights is None:
+            w = rng.integers(-127, 128, (out, channels, k, k)).astype(np.int8)
+            w_scale = (rng.uniform(0.5, 1.5, out) * 0.01).astype(np.float32)
+        else:
+            w = rng.choice(np.array(weights, np.int8), (out, channels, k, k))
+            w_scale = (rng.uniform(0.5, 1.5, out) * 1e-4).astype(np.float32)
         nodes.append(helper.make_node("DequantizeLinear", [const(f"w{i}", w), const(f"w{i}_s", w_scale),
                                                             const(f"w{i}_z", np.zeros(out, np.int8))], [f"wf{i}"], axis=0))
         bias = rng.integers(-2000, 2000, out).astype(np.int32)
@@ -717,8 +727,9 @@ def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0) -> Path:
         x_scale = 0.05 * (i + 2)
         x = quantize(f"q{i}" if i < len(layers) - 1 else "output", f"y{i}", x_scale, zero)
         channels = out
+        size = [(n + pads[a] + pads[a + 2] - dilation * (k - 1) - 1) // stride + 1 for a, n in enumerate(size)]
     graph = helper.make_graph(nodes, "qdq_convs", [helper.make_tensor_value_info("input", elem, [1, 5, 15, 13])],
-                              [helper.make_tensor_value_info("output", elem, [1, 20, 8, 6])], inits)
+                              [helper.make_tensor_value_info("output", elem, [1, channels, *size])], inits)
     return _save_opset17(graph, path)
 
 

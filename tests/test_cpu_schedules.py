@@ -69,12 +69,14 @@ def test_cpu_info_reads_the_target_not_this_machine():
     assert info({"kind": "llvm", "mcpu": "skylake-avx512"}) == CpuInfo("x86_64", 512, 32)  # AVX-512 without VNNI
     assert info({"kind": "llvm", "mcpu": "haswell"}) == CpuInfo("x86_64", 256, 16)
     assert info({"kind": "llvm"}).vector_bits == 128  # no mcpu: LLVM emits SSE2 only
-    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}) == CpuInfo("aarch64", 128, 32)
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}) == CpuInfo("aarch64", 128, 32,
+                                                                                                 "smull")
     assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"}).dot_product == "sdot"
-    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}).dot_product is None
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}).dot_product == "smull"
     rpi3 = {"kind": "llvm", "mtriple": "armv7a-unknown-linux-gnueabihf", "mcpu": "cortex-a53",
             "mattr": ["+neon", "+vfp4", "+thumb2"], "mfloat-abi": "hard"}
-    assert info(rpi3) == CpuInfo("arm", 128, 16)
+    assert info(rpi3) == CpuInfo("arm", 128, 16, "vmull")
+    assert info({**rpi3, "mattr": ["-neon"]}) == CpuInfo("arm", 32, 16)
 
 
 def test_register_tiles_fit_the_registers_and_divide_their_axes():

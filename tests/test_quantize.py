@@ -106,12 +106,14 @@ def _dot_product_kernels(build) -> int:
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
-@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator")])
+@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
+                                        ("rpi3", "emulator")])
 def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, profile, on, tmp_path):
     """5 input channels (padded to 8 for 4-byte groups), asymmetric padding, stride 2, dilation 2, 1x1;
     activations with a zero point away from 0 (the padding's share subtracted), int8 (VNNI's unsigned
     operand: +128) and uint8 (sdot's signed one: -128). rpi5 (Cortex-A76, emulated as one) runs sdot;
-    rpi4 (Cortex-A72, no dot product, emulated as one: an sdot there would not run) int32 sums."""
+    rpi4 (Cortex-A72, no dot product, emulated as one: an sdot there would not run) and rpi3 (armv7) the
+    widening sequences (smull/addp/sadalp, vmull/vpadd/vpadal)."""
     from model_factory import onnx_qdq_convs
 
     from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -124,6 +126,24 @@ def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, pro
         report = validate(build, on, seed=seed)
         (out,) = report.outputs
         assert report.passed and out.step is not None and out.max_abs_error <= out.step * 1.0001, report.to_dict()
+
+
+@pytest.mark.parametrize("profile", ["rpi4", "rpi3"])
+def test_the_widening_sequences_sum_the_largest_products_exactly(profile, tmp_path):
+    """The widening sequences add two 8-bit products in 16 bits: exact for weights from -127 up (2 x 128 x 127
+    fits), so weights of +-127 against inputs of -128 run on them and match ONNX Runtime exactly, and a
+    convolution with a -128 weight (2 x 128 x 128 would wrap) stays on int32 multiply-adds, also exact.
+    Rewriting the second model too gives errors of 39 steps."""
+    from model_factory import onnx_qdq_convs
+
+    inputs = {"input": np.full((1, 5, 15, 13), -128, np.int8)}
+    for weights, rewritten in (((-127, 127), 1), ((-128, 127), 0)):  # one convolution: its kernel or none
+        model = onnx_qdq_convs(tmp_path / f"q{weights[0]}.onnx", weights=weights, depth=1)
+        build = compile_model(model, profile, tmp_path / f"b{weights[0]}").output_dir
+        assert _dot_product_kernels(build) == rewritten, weights
+        report = validate(build, "emulator", inputs=inputs)
+        (out,) = report.outputs
+        assert report.passed and out.max_abs_error == 0, (weights, report.to_dict())
 
 
 def _instructions(library, objdump: str) -> dict[str, int]:
@@ -141,7 +161,8 @@ def _instructions(library, objdump: str) -> dict[str, int]:
 
 def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, build_cache):
     """The rpi5 build (Cortex-A76: +dotprod) computes ResNet-8's convolutions with sdot; the rpi4 build
-    (Cortex-A72) has none; the host build uses AVX-512 VNNI where this CPU has it."""
+    (Cortex-A72) has none and widens instead (smull, addp, sadalp), as the rpi3 build does in armv7's
+    (vmull.s8, vpadd.i16, vpadal.s16); the host build uses AVX-512 VNNI where this CPU has it."""
     import shutil
 
     from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -151,7 +172,10 @@ def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, bui
     rpi5 = _instructions(build_cache(model, "rpi5") / "device" / "model.so", "aarch64-linux-gnu-objdump")
     assert rpi5.get("sdot", 0) >= 100, rpi5
     rpi4 = _instructions(build_cache(model, "rpi4") / "device" / "model.so", "aarch64-linux-gnu-objdump")
-    assert rpi4.get("sdot", 0) == 0 and rpi4.get("mul", 0) + rpi4.get("mla", 0) > 0, rpi4
+    assert rpi4.get("sdot", 0) == 0, rpi4
+    assert min(rpi4.get("smull", 0) + rpi4.get("smull2", 0), rpi4.get("addp", 0), rpi4.get("sadalp", 0)) >= 100, rpi4
+    rpi3 = _instructions(build_cache(model, "rpi3") / "device" / "model.so", "arm-linux-gnueabihf-objdump")
+    assert min(rpi3.get("vmull.s8", 0), rpi3.get("vpadd.i16", 0), rpi3.get("vpadal.s16", 0)) >= 50, rpi3
     if CpuInfo.of(get_profile("host").tvm_target()).dot_product == "vnni" and shutil.which("objdump"):
         host = _instructions(build_cache(model, "host") / "device" / "model.so", "objdump")
         assert host.get("vpdpbusd", 0) >= 50, host

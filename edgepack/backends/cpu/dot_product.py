@@ -1,5 +1,7 @@
 """8-bit convolutions on the CPU's dot-product instructions: AVX-512 VNNI (``vpdpbusd``) on x86 and
-``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones).
+``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones), and on
+NEON's widening multiplies where there is none (Cortex-A72: rpi4; armv7: rpi3; ``schedules/dot_product.py``'s
+SMULL and VMULL, which take no weight of -128).
 
 ``backends/integer.py`` turns an 8-bit convolution into an exact int32 one, ``conv2d(int32(x_q) - z, w_q)``. As
 such it multiplies 32-bit integers, 16 per AVX-512 instruction. A dot-product instruction multiplies
@@ -123,7 +125,7 @@ def dot_product_convolutions(cpu: CpuInfo):
         a = call.attrs
         if dot is None or str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI" \
                 or str(a.out_layout) not in ("", "NHWC") or int(a.groups) != 1 or dtype_of(call) != "int32" \
-                or weight.dtype != np.int8 or static_shape(call) is None:
+                or weight.dtype != np.int8 or static_shape(call) is None or int(weight.min()) < dot.weight_min:
             return None
         out_channels = int(weight.shape[0])
         channels = -(-out_channels // dot.lanes) * dot.lanes  # a few more at 4x the speed: 24 as 32

@@ -36,17 +36,27 @@ DOT_PRODUCT_ATTR = "edgepack.dot_product"
 
 @dataclass(frozen=True)
 class DotProduct:
-    """One dot-product instruction as a tensor intrinsic: ``lanes`` int32 outputs, each the sum of 4
-    products of ``data_dtype`` input and int8 weights."""
+    """One dot-product instruction (or a short sequence) as a tensor intrinsic: ``lanes`` int32 outputs,
+    each the sum of 4 products of ``data_dtype`` input and int8 weights."""
 
     name: str  # the TensorIntrin's registered name
     lanes: int
     data_dtype: str  # "uint8" (VNNI) or "int8" (sdot)
+    #: the smallest weight the sequence sums exactly (the widening one adds two products in 16 bits)
+    weight_min: int = -128
 
 
 VNNI = DotProduct("edgepack_vnni_16x4_u8i8i32", 16, "uint8")
 SDOT = DotProduct("edgepack_sdot_4x4_i8i8i32", 4, "int8")
-INSTRUCTIONS = {"vnni": VNNI, "sdot": SDOT}
+#: NEON without the dot-product extension (Cortex-A72: rpi4; Cortex-A53): ``smull`` x2 (16 products in
+#: 16 bits), ``addp`` (pairs: |2 x 128 x 127| fits in 16 bits, so no weight may be -128), ``sadalp`` (pairs
+#: again, into the int32 lanes): 16 multiply-adds in 4 instructions, where int32 multiply-adds take 4 plus
+#: the widening of the 8-bit operands.
+SMULL = DotProduct("edgepack_smull_4x4_i8i8i32", 4, "int8", weight_min=-127)
+#: The same on 32-bit ARM NEON (Cortex-A53 in armv7 mode: rpi3): ``vmull`` x2, ``vpadd`` x2 (on the halves),
+#: ``vpadal``.
+VMULL = DotProduct("edgepack_vmull_4x4_i8i8i32", 4, "int8", weight_min=-127)
+INSTRUCTIONS = {"vnni": VNNI, "sdot": SDOT, "smull": SMULL, "vmull": VMULL}
 
 
 def dot_product_of(cpu: CpuInfo) -> DotProduct | None:
@@ -81,6 +91,12 @@ def _register(dot: DotProduct) -> None:
                     vi, vk = T.axis.remap("SR", [i, k])
                     C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
 
+    if dot in (SMULL, VMULL):
+        TensorIntrin.register(dot.name, desc, _widening_impl() if dot is SMULL else _armv7_widening_impl(),
+                              override=True)
+        _REGISTERED.add(dot.name)
+        return
+
     # LLVM 22's intrinsics take the 8-bit operands as byte vectors (TVM's own VNNI intrinsic passes
     # them as int32x16 and fails LLVM's verifier)
     intrinsic = ("llvm.x86.avx512.vpdpbusd.512" if dot is VNNI else "llvm.aarch64.neon.sdot.v4i32.v16i8")
@@ -105,6 +121,66 @@ def _register(dot: DotProduct) -> None:
 
     TensorIntrin.register(dot.name, desc, impl, override=True)
     _REGISTERED.add(dot.name)
+
+
+def _widening_impl():
+    """SMULL's sequence: the 4 input bytes twice side by side times 2 output channels' 4 weights each
+    (``smull``: 8 products), the products' pairs added (``addp``: 4 sums per half, 8 in all), their pairs
+    added into the accumulator (``saddlp`` + add, which LLVM emits as one ``sadalp``)."""
+    from tvm.script import tirx as T
+
+    smull = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smull.v8i16")
+    addp = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.addp.v8i16")
+    saddlp = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.saddlp.v4i32.v8i16")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "int8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            twice = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int8x4"), dtype="int32"), 2),
+                                  dtype="int8x8")
+            low = T.call_llvm_pure_intrin(smull, twice, B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
+            high = T.call_llvm_pure_intrin(smull, twice, B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
+            sums = T.call_llvm_pure_intrin(addp, low, high, dtype="int16x8")
+            C[T.ramp(T.int32(0), 1, 4)] = C.vload([0], dtype="int32x4") + T.call_llvm_pure_intrin(
+                saddlp, sums, dtype="int32x4")
+
+    return impl
+
+
+def _armv7_widening_impl():
+    """VMULL's sequence: as SMULL's, the pairs added per 64-bit half (armv7's ``vpadd`` has no 128-bit
+    form), the two halves then one ``vpadal`` operand."""
+    from tvm.script import tirx as T
+
+    vmull = T.llvm_lookup_intrinsic_id("llvm.arm.neon.vmulls.v8i16")
+    vpadd = T.llvm_lookup_intrinsic_id("llvm.arm.neon.vpadd.v4i16")
+    vpadal = T.llvm_lookup_intrinsic_id("llvm.arm.neon.vpadals.v4i32.v8i16")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "int8", offset_factor=1)
+        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (4,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
+            T.writes(C[0:4])
+            twice = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int8x4"), dtype="int32"), 2),
+                                  dtype="int8x8")
+            low = T.call_llvm_pure_intrin(vmull, twice, B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
+            high = T.call_llvm_pure_intrin(vmull, twice, B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
+            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(vpadal, C.vload([0], dtype="int32x4"), T.Shuffle(
+                [T.call_llvm_pure_intrin(vpadd, T.Shuffle([low], [0, 1, 2, 3]), T.Shuffle([low], [4, 5, 6, 7]),
+                                         dtype="int16x4"),
+                 T.call_llvm_pure_intrin(vpadd, T.Shuffle([high], [0, 1, 2, 3]), T.Shuffle([high], [4, 5, 6, 7]),
+                                         dtype="int16x4")],
+                [0, 1, 2, 3, 4, 5, 6, 7]), dtype="int32x4")
+
+    return impl
 
 
 def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]:

@@ -16,7 +16,8 @@ class CpuInfo:
     arch: str  # "x86_64", "aarch64", "arm"
     vector_bits: int  # 128 (SSE, NEON), 256 (AVX2), 512 (AVX-512)
     vector_registers: int  # architectural SIMD registers: 16 or 32
-    #: 8-bit dot-product instruction: "vnni" (AVX-512 VNNI), "sdot" (aarch64 +dotprod), None
+    #: 8-bit dot-product instruction: "vnni" (AVX-512 VNNI), "sdot" (aarch64 +dotprod), "smull" (aarch64
+    #: without it) and "vmull" (armv7 NEON): widening sequences (``schedules/dot_product.py``), None
     dot_product: str | None = None
 
     @classmethod
@@ -26,9 +27,10 @@ class CpuInfo:
         features = {str(f) for f in codegen.llvm_get_cpu_features(target)}
         triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
         if triple.startswith(("aarch64", "arm64")):
-            return cls("aarch64", 128, 32, "sdot" if "dotprod" in features else None)
+            return cls("aarch64", 128, 32, "sdot" if "dotprod" in features else "smull")
         if triple.startswith(("arm", "thumb")):
-            return cls("arm", 128 if "neon" in features else 32, 16)
+            neon = "neon" in features
+            return cls("arm", 128 if neon else 32, 16, "vmull" if neon else None)
         bits = 512 if "avx512f" in features else 256 if "avx" in features else 128
         vnni = "vnni" if bits == 512 and "avx512vnni" in features else None
         return cls("x86_64", bits, 32 if bits == 512 else 16, vnni)
