@@ -64,7 +64,7 @@ def estimate(library: Path, arch: str, mcpu: str | None = None, kind: str = "int
             continue
         asm = "\n".join(f"{op} {args}" for op, args in body)
         out = subprocess.run(["llvm-mca", f"-mtriple={triple}", f"-mcpu={mcpu or default_cpu}", "-iterations=100"],
-                             input=asm, capture_output=True, text=True).stdout
+                             input=asm, capture_output=True, text=True, check=False).stdout
         cycles = re.search(r"Total Cycles:\s+(\d+)", out)
         if cycles:
             rows.append({"instructions": len(body), "macs": macs, "cycles": int(cycles.group(1)) / 100})
@@ -86,7 +86,7 @@ def main() -> None:
     results = {}
     for build in args.builds:
         library = build / "device" / "model.so"
-        header = subprocess.run(["file", "-L", str(library)], capture_output=True, text=True).stdout
+        header = subprocess.run(["file", "-L", str(library)], capture_output=True, text=True, check=True).stdout
         arch = "aarch64" if "aarch64" in header else "arm" if "ARM" in header else None
         if arch is None:
             raise SystemExit(f"{library}: not an ARM library ({header.strip()})")
