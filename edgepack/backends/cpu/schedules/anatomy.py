@@ -230,11 +230,13 @@ def extent_hint(sch, loop) -> int:
 
 def trivially_bound(sch, block, symbolic: bool = False) -> bool:
     """Each iteration variable is bound to one loop of the same, static extent, in loop order (``symbolic``:
-    or of the same extent that changes at run time)."""
+    or of the same extent that changes at run time); a block outside any loop computes one value."""
     import tvm_ffi
 
     loops = sch.get_loops(block)
     ivars = sch.get(block).iter_vars
+    if not loops:  # a scalar (a dynamic quantization's scale and zero point): iterations of one, if any
+        return all(is_constant(iv.dom.extent) and int(iv.dom.extent.value) == 1 for iv in ivars)
     if len(loops) != len(ivars):
         return False
     for loop, iv in zip(loops, ivars):

@@ -64,7 +64,7 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
         return reduce
 
     simd = cpu.lanes(int(sch.get(block).writes[0].source.dtype.bits))
-    innermost = sch.get_loops(block)[-1]
+    innermost = _trailing_reductions_fused(sch, block)
     extent = static_extent(sch, innermost) or 1
     if sch.get(block).iter_vars[-1].iter_type != tirx.IterVar.DataPar \
             and extent >= PARTIAL_RESULTS_MIN_EXTENT * simd:
@@ -86,6 +86,21 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
     if lanes > 1 and extent > lanes:
         _, chunk = sch.split(innermost, [None, lanes])
         sch.unroll(chunk)
+
+
+def _trailing_reductions_fused(sch, block):
+    """The block's innermost loop, with the reduction loops after its last spatial one fused into it: a
+    reduction over a whole tensor (the min and max of a dynamic quantization's range) is then one long row
+    for ``_partial_results``, not rows of reduction loops that cannot run in parallel. (Split by axis, the
+    rule gave up on it: PP-OCRv2's dynamically quantized CRNN spent 3.7 of its 16.6 ms in such ranges.)"""
+    from tvm import tirx
+
+    loops = sch.get_loops(block)
+    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+    trailing = len(kinds) - max((i + 1 for i, kind in enumerate(kinds) if kind == tirx.IterVar.DataPar), default=0)
+    if trailing < 2 or any(static_extent(sch, loop) is None for loop in loops[-trailing:]):
+        return loops[-1]
+    return sch.fuse(*loops[-trailing:])
 
 
 def _parallel_rows(sch, rows: list, elements: int) -> None:
