@@ -14,7 +14,9 @@ four 8-bit pairs and adds them into each 32-bit lane: 64 multiply-adds per VNNI 
     acc[n, y, x, o] = sum_{kh, kw, c} u[...] * w_q[o, kh, kw, c]           in L-lane blocks of 4 channels
     conv = acc - (z + shift) * sum_{kh, kw, c} w_q[o, kh, kw, c]           one constant per channel
 
-which equals ``sum (x_q - z) * w_q`` exactly (the padding contributes nothing). The weights are packed
+which equals ``sum (x_q - z) * w_q`` exactly (the padding contributes nothing). ``z`` is a constant, or
+the zero point a DynamicQuantizeLinear computed at run time (``quantize_dynamic``'s ConvInteger): the
+padding and the per-channel term then read it. The weights are packed
 at compile time as ``[KH, KW, C/4, O, 4]``: for each tap and 4 input channels, the L x 4 bytes one
 instruction reads are contiguous. The input's channels are padded to a multiple of 4 with copies of its
 last channel (their weights are zero). ``schedules/dot_product.py`` tiles the kernel and maps its inner
@@ -26,6 +28,9 @@ Measured (Zen 4, AVX-512 VNNI, one thread, in cache): ResNet-8's 3x3 convolution
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 
@@ -60,9 +65,10 @@ def packed_weights(weights_ohwi: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(grown.reshape(o, kh, kw, cp // 4, 4).transpose(1, 2, 3, 0, 4))
 
 
-def dot_convolution(data, weights, *, strides, padding, dilation, pad_value: int, shift: int, dot: DotProduct):
+def dot_convolution(data, weights, *, strides, padding, dilation, pad_value, shift: int, dot: DotProduct):
     """The TE kernel: NHWC 8-bit ``data`` (``shift`` added, as ``dot.data_dtype``; padded with
-    ``pad_value``) convolved with ``weights`` packed by ``packed_weights``, summed in int32."""
+    ``pad_value``: a number, or the zero point as an int32 tensor of one element, ``shift`` then added)
+    convolved with ``weights`` packed by ``packed_weights``, summed in int32."""
     from tvm import te
 
     n, h, w, c = (int(v) for v in data.shape)
@@ -87,10 +93,13 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value: int
         name="dot_conv", attrs={DOT_PRODUCT_ATTR: dot.name})
 
 
-def integer_input(expr, builder):
+def integer_input(expr, builder, *, runtime_zero: bool = False):
     """``(x_q, z)`` where ``expr`` is ``int32(x_q) - z`` or ``int32(x_q)`` of an 8-bit ``x_q`` (through
     the builder's bindings), else None. A transpose on top (the model's NCHW input made NHWC) is moved
-    onto the 8-bit tensor, emitted through ``builder``: a quarter of the bytes to move."""
+    onto the 8-bit tensor, emitted through ``builder``: a quarter of the bytes to move.
+
+    ``z`` is a constant, or with ``runtime_zero`` a ``RuntimeZero``: a zero point computed at run time
+    (ONNX's DynamicQuantizeLinear before a ConvInteger), the int32 of a scalar of ``x_q``'s own type."""
     from tvm import relax
 
     zero, axes = 0, None
@@ -99,17 +108,44 @@ def integer_input(expr, builder):
         axes, value = [int(v) for v in value.attrs.axes], bound_value(value.args[0], builder)
     if op_name(value) == "relax.subtract":
         z = const_value(value.args[1])
-        if z is None or z.size != 1:
+        if z is None and runtime_zero:
+            zero = _runtime_zero(value.args[1], builder)
+            if zero is None:
+                return None
+        elif z is None or z.size != 1:
             return None
-        zero, value = int(z.reshape(-1)[0]), bound_value(value.args[0], builder)
+        else:
+            zero = int(z.reshape(-1)[0])
+        value = bound_value(value.args[0], builder)
     if op_name(value) != "relax.astype":
         return None
     source = value.args[0]
     if dtype_of(source) not in ("int8", "uint8") or dtype_of(value) != "int32" or static_shape(source) is None:
         return None
+    if isinstance(zero, RuntimeZero) and zero.dtype != dtype_of(source):
+        return None
     if axes is not None:
         source = builder.emit(relax.op.permute_dims(source, axes))
     return source, zero
+
+
+@dataclass(frozen=True)
+class RuntimeZero:
+    """A zero point known at run time: ``value`` (a Relax int32 scalar) widened from ``dtype``, so within
+    that type's range."""
+
+    value: object
+    dtype: str
+
+
+def _runtime_zero(expr, builder) -> RuntimeZero | None:
+    """``expr`` as a RuntimeZero where it is the int32 of one 8-bit value, else None."""
+    value = bound_value(expr, builder)
+    shape = static_shape(value)
+    if op_name(value) != "relax.astype" or dtype_of(value) != "int32" or shape is None or prod(shape) != 1 \
+            or dtype_of(value.args[0]) not in ("int8", "uint8"):
+        return None
+    return RuntimeZero(expr, dtype_of(value.args[0]))
 
 
 def dot_product_convolutions(cpu: CpuInfo):
@@ -129,24 +165,29 @@ def dot_product_convolutions(cpu: CpuInfo):
             return None
         out_channels = int(weight.shape[0])
         channels = -(-out_channels // dot.lanes) * dot.lanes  # a few more at 4x the speed: 24 as 32
-        found = integer_input(call.args[0], bb)
+        found = integer_input(call.args[0], bb, runtime_zero=True)
         if found is None:
             return None
         data, zero = found
         source = dtype_of(data)
         shift = {("uint8", "uint8"): 0, ("int8", "uint8"): 128,
                  ("int8", "int8"): 0, ("uint8", "int8"): -128}[(source, dot.data_dtype)]
-        pad_value = zero + shift
         info = np.iinfo(dot.data_dtype)
-        if not info.min <= pad_value <= info.max:
+        # a run-time zero point of the input's type, shifted as the input is, stays in the operand's range
+        if not isinstance(zero, RuntimeZero) and not info.min <= zero + shift <= info.max:
             return None
         if channels != out_channels:  # computed in whole vectors, the rest cropped (``channels.py``)
             weight = np.concatenate([weight, np.zeros((channels - weight.shape[0], *weight.shape[1:]), np.int8)])
         packed = packed_weights(weight)
-        compensation = pad_value * weight.astype(np.int64).sum(axis=(1, 2, 3))
-        settings = {**window_of(a), "pad_value": pad_value, "shift": shift, "dot": dot}
-        acc = fusable_call(bb, lambda x, w: dot_convolution(x, w, **settings), [data, relax.const(packed)],
-                           "dot_conv2d", compensation)
+        weight_sums = weight.astype(np.int64).sum(axis=(1, 2, 3))
+        settings = {**window_of(a), "shift": shift, "dot": dot}
+        if isinstance(zero, RuntimeZero):
+            acc = fusable_call(bb, lambda x, w, z: dot_convolution(x, w, pad_value=z, **settings),
+                               [data, relax.const(packed), zero.value], "dot_conv2d", weight_sums,
+                               times=relax.op.add(zero.value, relax.const(shift, "int32")))
+        else:
+            acc = fusable_call(bb, lambda x, w: dot_convolution(x, w, pad_value=zero + shift, **settings),
+                               [data, relax.const(packed)], "dot_conv2d", (zero + shift) * weight_sums)
         if channels != out_channels:
             acc = relax.op.strided_slice(bb.emit(acc), axes=[3], begin=[0], end=[out_channels])
         return acc, f"on {dot.name.split('_')[1]} dot products"
@@ -160,9 +201,10 @@ def as_int8(weight: np.ndarray) -> np.ndarray:
     return narrow if narrow is not None and narrow.dtype == np.int8 else weight
 
 
-def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):
+def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray, times=None):
     """``te_func`` on ``args`` as a kernel FuseOps treats as a convolution (what follows elementwise, the
-    requantization, joins it), less ``compensation`` per output channel where that is not all zeros."""
+    requantization, joins it), less ``compensation`` per output channel where that is not all zeros
+    (``times`` that, a Relax int32 scalar known at run time, where given)."""
     from tvm import relax
 
     call_tir = bb.call_te(te_func, *args, primfunc_name_hint=name)
@@ -170,12 +212,16 @@ def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray):
     bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", OUT_ELEMWISE_FUSABLE))
     if not compensation.any():  # the call itself: an alias binding would keep FuseOps from fusing it
         return call_tir
-    return relax.op.subtract(bb.emit(call_tir), relax.const(compensation.astype(np.int32)))
+    per_channel = relax.const(compensation.astype(np.int32))
+    if times is not None:
+        per_channel = relax.op.multiply(bb.emit(relax.op.reshape(times, [1])), per_channel)
+    return relax.op.subtract(bb.emit(call_tir), per_channel)
 
 
-def _padded(data, padding, blocks: int, pad_value: int, shift: int, dot: DotProduct):
-    """``data`` + ``shift`` as the instruction's operand type, padded with ``pad_value`` and to ``blocks``
-    groups of 4 channels (copies of the last one: their weights are zero)."""
+def _padded(data, padding, blocks: int, pad_value, shift: int, dot: DotProduct):
+    """``data`` + ``shift`` as the instruction's operand type, padded with ``pad_value`` (a number, or an
+    int32 tensor of one element that ``shift`` is added to) and to ``blocks`` groups of 4 channels (copies
+    of the last one: their weights are zero)."""
     from tvm import te, tirx
 
     n, h, w, c = (int(v) for v in data.shape)
@@ -184,11 +230,15 @@ def _padded(data, padding, blocks: int, pad_value: int, shift: int, dot: DotProd
     def shifted(value):
         return (value.astype("int32") + shift).astype(dot.data_dtype) if shift else value.astype(dot.data_dtype)
 
+    if isinstance(pad_value, te.Tensor):
+        pad = shifted(pad_value[(0,) * len(pad_value.shape)])
+    else:
+        pad = tirx.const(pad_value, dot.data_dtype)
     return te.compute(
         (n, h + top + bottom, w + left + right, blocks * 4),
         lambda b, y, x, ch: tirx.if_then_else(
             tirx.all(y >= top, y < h + top, x >= left, x < w + left),
             shifted(data[b, tirx.max(tirx.min(y - top, h - 1), 0), tirx.max(tirx.min(x - left, w - 1), 0),
                          tirx.min(ch, c - 1)]),
-            tirx.const(pad_value, dot.data_dtype)),
+            pad),
         name="dot_pad")
