@@ -767,6 +767,27 @@ def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_dynamic_matmul(path: Path, *, seed: int = 0) -> Path:
+    """``quantize_dynamic``'s matrix product: a float [1, 7, 38] input quantized at run time
+    (DynamicQuantizeLinear), a MatMulInteger with int8 weights [38, 37] (no multiple of 4 deep, no whole
+    vector wide) and the run-time zero point, the int32 sum scaled back to float."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.integers(-127, 128, (38, 37)).astype(np.int8), "w")
+    ws = numpy_helper.from_array(np.float32(0.01), "ws")
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["input"], ["q", "s", "z"]),
+             helper.make_node("MatMulInteger", ["q", "w", "z"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["s", "ws"], ["scale"]),
+             helper.make_node("Mul", ["accf", "scale"], ["output"])]
+    graph = helper.make_graph(nodes, "dynamic_matmul",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 7, 38])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 7, 37])], [w, ws])
+    return _save_opset17(graph, path)
+
+
 def onnx_qlinear_contrib(path: Path, *, seed: int = 0) -> Path:
     """ONNX Runtime's com.microsoft quantized operators in one uint8 network: QLinearSigmoid, QLinearLeakyRelu,
     QLinearMul, QLinearAdd, QLinearConcat, QLinearAveragePool, QLinearGlobalAveragePool; and a float branch

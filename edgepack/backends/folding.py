@@ -9,7 +9,7 @@ for MobileNetV2's build); this pass compiles all of them as one library for this
 once and puts the results in their place, round after round while folding makes new constants.
 
 Every build: a call whose result would be many times its constant inputs stays a kernel
-(``worth_folding``). TVM's ``FoldConstant`` stored such results too, and GPU builds used it: a TFLite
+(``worth_folding``), as does one whose kernel calls the target's own instructions (``runs_here``). TVM's ``FoldConstant`` stored such results too, and GPU builds used it: a TFLite
 palm detector's PReLU slopes broadcast per pixel made its OpenCL library 15.7 MB for a 1.9 MB model.
 """
 
@@ -45,6 +45,30 @@ def worth_folding(call, args: list) -> bool:
         out_bytes += elements * ((dtype.bits * dtype.lanes + 7) // 8)
     in_bytes = sum(int(a.numpy().nbytes) for a in args)
     return bool(args) and worth_storing(out_bytes, in_bytes)
+
+
+#: LLVM intrinsics of one instruction set: this machine's LLVM cannot lower them for a plain x86 target
+TARGET_INTRINSICS = ("llvm.x86.", "llvm.aarch64.", "llvm.arm.")
+
+
+def runs_here(func) -> bool:
+    """Whether this machine's LLVM can run ``func``: not where its schedule calls an instruction of the
+    target's own (a dot product tensorized for aarch64's ``sdot`` or AVX-512 VNNI, folded on a plain x86
+    target: "LLVM ERROR: Do not know how to split the result of this operator", which ends the process)."""
+    import tvm
+    import tvm_ffi
+    from tvm.target import codegen
+
+    specific = []
+
+    def visit(call):
+        if call.op.name in ("tirx.call_llvm_pure_intrin", "tirx.call_llvm_intrin") and call.args \
+                and isinstance(call.args[0], tvm.tirx.IntImm) \
+                and codegen.llvm_get_intrinsic_name(int(call.args[0].value)).startswith(TARGET_INTRINSICS):
+            specific.append(call)
+
+    tvm_ffi.structural_walk(func.body, [(tvm.ir.Call, visit)])
+    return not specific
 
 
 def fold_constant_calls():
@@ -83,7 +107,8 @@ def fold_constant_calls():
                     if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
                             and isinstance(value.args[0], tvm.ir.GlobalVar):
                         args = resolve(value.args[1])
-                        if args is not None and worth_folding(value, args):
+                        if args is not None and worth_folding(value, args) \
+                                and runs_here(mod[value.args[0]]):
                             found.append((value, args))
                         continue
                     resolved = resolve(value)

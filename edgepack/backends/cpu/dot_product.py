@@ -154,45 +154,78 @@ def dot_product_convolutions(cpu: CpuInfo):
     dot = dot_product_of(cpu)
 
     def rewrite(call, weight: np.ndarray, bb):
-        from tvm import relax
-
         weight = as_int8(weight)
-
         a = call.attrs
         if dot is None or str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI" \
                 or str(a.out_layout) not in ("", "NHWC") or int(a.groups) != 1 or dtype_of(call) != "int32" \
-                or weight.dtype != np.int8 or static_shape(call) is None or int(weight.min()) < dot.weight_min:
+                or static_shape(call) is None:
             return None
-        out_channels = int(weight.shape[0])
-        channels = -(-out_channels // dot.lanes) * dot.lanes  # a few more at 4x the speed: 24 as 32
         found = integer_input(call.args[0], bb, runtime_zero=True)
-        if found is None:
-            return None
-        data, zero = found
-        source = dtype_of(data)
-        shift = {("uint8", "uint8"): 0, ("int8", "uint8"): 128,
-                 ("int8", "int8"): 0, ("uint8", "int8"): -128}[(source, dot.data_dtype)]
-        info = np.iinfo(dot.data_dtype)
-        # a run-time zero point of the input's type, shifted as the input is, stays in the operand's range
-        if not isinstance(zero, RuntimeZero) and not info.min <= zero + shift <= info.max:
-            return None
-        if channels != out_channels:  # computed in whole vectors, the rest cropped (``channels.py``)
-            weight = np.concatenate([weight, np.zeros((channels - weight.shape[0], *weight.shape[1:]), np.int8)])
-        packed = packed_weights(weight)
-        weight_sums = weight.astype(np.int64).sum(axis=(1, 2, 3))
-        settings = {**window_of(a), "shift": shift, "dot": dot}
-        if isinstance(zero, RuntimeZero):
-            acc = fusable_call(bb, lambda x, w, z: dot_convolution(x, w, pad_value=z, **settings),
-                               [data, relax.const(packed), zero.value], "dot_conv2d", weight_sums,
-                               times=relax.op.add(zero.value, relax.const(shift, "int32")))
-        else:
-            acc = fusable_call(bb, lambda x, w: dot_convolution(x, w, pad_value=zero + shift, **settings),
-                               [data, relax.const(packed)], "dot_conv2d", (zero + shift) * weight_sums)
-        if channels != out_channels:
-            acc = relax.op.strided_slice(bb.emit(acc), axes=[3], begin=[0], end=[out_channels])
-        return acc, f"on {dot.name.split('_')[1]} dot products"
+        acc = None if found is None else _dot_call(bb, *found, weight, window_of(a), dot)
+        return None if acc is None else (acc, f"on {dot.name.split('_')[1]} dot products")
 
     return conv2d_rewrite_pass("EdgepackDotProductConvolutions", rewrite)
+
+
+def dot_product_matmuls(cpu: CpuInfo):
+    """A Relax module pass: every exact 8-bit matrix product (``backends/integer.py``: MatMulInteger, QGemm,
+    a QDQ MatMul or Gemm, ``quantize_dynamic``'s products) of an 8-bit operand and constant int8 weights
+    ``[K, N]`` as a 1x1 convolution on the dot-product instruction of ``cpu``: the rows are pixels."""
+    from tvm import relax
+
+    dot = dot_product_of(cpu)
+    window = {"strides": [1, 1], "padding": [0, 0, 0, 0], "dilation": [1, 1]}
+
+    def rewrite(call, weight: np.ndarray, bb):
+        weight = as_int8(weight)
+        if dot is None or dtype_of(call) != "int32" or weight.ndim != 2 or static_shape(call) is None:
+            return None
+        found = integer_input(call.args[0], bb, runtime_zero=True)
+        shape = None if found is None else static_shape(found[0])
+        if shape is None or len(shape) < 2 or shape[-1] != weight.shape[0]:
+            return None
+        data, zero = found
+        rows = bb.emit(relax.op.reshape(data, [1, 1, prod(shape[:-1]), shape[-1]]))
+        ohwi = np.ascontiguousarray(weight.T.reshape(weight.shape[1], 1, 1, weight.shape[0]))
+        acc = _dot_call(bb, rows, zero, ohwi, window, dot)
+        if acc is None:
+            return None
+        return relax.op.reshape(bb.emit(acc), [*shape[:-1], weight.shape[1]]), \
+            f"on {dot.name.split('_')[1]} dot products"
+
+    return conv2d_rewrite_pass("EdgepackDotProductMatmuls", rewrite, op="relax.matmul", noun="matrix product")
+
+
+def _dot_call(bb, data, zero, weight: np.ndarray, window: dict, dot: DotProduct):
+    """The int32 convolution of ``data`` less ``zero`` (a constant or a ``RuntimeZero``) with OHWI int8
+    ``weight`` on ``dot``, or None where the instruction cannot take it."""
+    from tvm import relax
+
+    if weight.dtype != np.int8 or int(weight.min()) < dot.weight_min:
+        return None
+    out_channels = int(weight.shape[0])
+    channels = -(-out_channels // dot.lanes) * dot.lanes  # a few more at 4x the speed: 24 as 32
+    shift = {("uint8", "uint8"): 0, ("int8", "uint8"): 128,
+             ("int8", "int8"): 0, ("uint8", "int8"): -128}[(dtype_of(data), dot.data_dtype)]
+    info = np.iinfo(dot.data_dtype)
+    # a run-time zero point of the input's type, shifted as the input is, stays in the operand's range
+    if not isinstance(zero, RuntimeZero) and not info.min <= zero + shift <= info.max:
+        return None
+    if channels != out_channels:  # computed in whole vectors, the rest cropped (``channels.py``)
+        weight = np.concatenate([weight, np.zeros((channels - weight.shape[0], *weight.shape[1:]), np.int8)])
+    packed = packed_weights(weight)
+    weight_sums = weight.astype(np.int64).sum(axis=(1, 2, 3))
+    settings = {**window, "shift": shift, "dot": dot}
+    if isinstance(zero, RuntimeZero):
+        acc = fusable_call(bb, lambda x, w, z: dot_convolution(x, w, pad_value=z, **settings),
+                           [data, relax.const(packed), zero.value], "dot_conv2d", weight_sums,
+                           times=relax.op.add(zero.value, relax.const(shift, "int32")))
+    else:
+        acc = fusable_call(bb, lambda x, w: dot_convolution(x, w, pad_value=zero + shift, **settings),
+                           [data, relax.const(packed)], "dot_conv2d", (zero + shift) * weight_sums)
+    if channels != out_channels:
+        acc = relax.op.strided_slice(bb.emit(acc), axes=[3], begin=[0], end=[out_channels])
+    return acc
 
 
 def as_int8(weight: np.ndarray) -> np.ndarray:

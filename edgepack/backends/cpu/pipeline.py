@@ -23,7 +23,7 @@ from edgepack.backends.base import KernelForm, TuningRecords
 from edgepack.backends.cpu.channels import pad_matmul_columns, pad_output_channels
 from edgepack.backends.cpu.channels_last import channels_last
 from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
-from edgepack.backends.cpu.dot_product import dot_product_convolutions
+from edgepack.backends.cpu.dot_product import dot_product_convolutions, dot_product_matmuls
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
 from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
@@ -75,8 +75,9 @@ def prepare_passes(target, form: KernelForm) -> list:
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
     rewrites = [integer_products(), elementwise_quantization(), conv_transpose_as_convolution(), vector_softmax()]
-    layout = [channels_last(), dot_product_convolutions(CpuInfo.of(target)), depthwise_of_8_bit_inputs()] \
-        if form.channels_last else []
+    cpu_info = CpuInfo.of(target)
+    layout = [channels_last(), dot_product_convolutions(cpu_info), dot_product_matmuls(cpu_info),
+              depthwise_of_8_bit_inputs()] if form.channels_last else []
     if form.channels_last and form.winograd:
         layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
     if form.channels_last and form.padded_channels:
