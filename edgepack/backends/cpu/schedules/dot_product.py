@@ -92,8 +92,9 @@ def _register(dot: DotProduct) -> None:
                     C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
 
     if dot in (SMULL, VMULL):
-        TensorIntrin.register(dot.name, desc, _widening_impl() if dot is SMULL else _armv7_widening_impl(),
-                              override=True)
+        impl = _widening_impl("llvm.aarch64.neon.smull.v8i16", _aarch64_accumulate) if dot is SMULL \
+            else _widening_impl("llvm.arm.neon.vmulls.v8i16", _armv7_accumulate)
+        TensorIntrin.register(dot.name, desc, impl, override=True)
         _REGISTERED.add(dot.name)
         return
 
@@ -123,15 +124,13 @@ def _register(dot: DotProduct) -> None:
     _REGISTERED.add(dot.name)
 
 
-def _widening_impl():
-    """SMULL's sequence: the 4 input bytes twice side by side times 2 output channels' 4 weights each
-    (``smull``: 8 products), the products' pairs added (``addp``: 4 sums per half, 8 in all), their pairs
-    added into the accumulator (``saddlp`` + add, which LLVM emits as one ``sadalp``)."""
+def _widening_impl(multiply: str, accumulate):
+    """A widening sequence's intrinsic: the 4 input bytes twice side by side times 2 output channels' 4
+    weights each (``multiply``, an LLVM intrinsic: 8 products in 16 bits), for lanes 0-1 (``low``) and 2-3
+    (``high``); ``accumulate(acc, low, high)`` adds each lane's 4 products into the int32 accumulator."""
     from tvm.script import tirx as T
 
-    smull = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smull.v8i16")
-    addp = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.addp.v8i16")
-    saddlp = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.saddlp.v4i32.v8i16")
+    widening = T.llvm_lookup_intrinsic_id(multiply)
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -143,44 +142,33 @@ def _widening_impl():
             T.writes(C[0:4])
             twice = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int8x4"), dtype="int32"), 2),
                                   dtype="int8x8")
-            low = T.call_llvm_pure_intrin(smull, twice, B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
-            high = T.call_llvm_pure_intrin(smull, twice, B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
-            sums = T.call_llvm_pure_intrin(addp, low, high, dtype="int16x8")
-            C[T.ramp(T.int32(0), 1, 4)] = C.vload([0], dtype="int32x4") + T.call_llvm_pure_intrin(
-                saddlp, sums, dtype="int32x4")
+            low = T.call_llvm_pure_intrin(widening, twice, B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
+            high = T.call_llvm_pure_intrin(widening, twice, B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
+            C[T.ramp(T.int32(0), 1, 4)] = accumulate(C.vload([0], dtype="int32x4"), low, high)
 
     return impl
 
 
-def _armv7_widening_impl():
-    """VMULL's sequence: as SMULL's, the pairs added per 64-bit half (armv7's ``vpadd`` has no 128-bit
-    form), the two halves then one ``vpadal`` operand."""
-    from tvm.script import tirx as T
+def _aarch64_accumulate(acc, low, high):
+    """SMULL's: the products' pairs added (``addp``: 4 sums per half, 8 in all), their pairs added into the
+    accumulator (``saddlp`` + add, which LLVM emits as one ``sadalp``)."""
+    from tvm import tirx
 
-    vmull = T.llvm_lookup_intrinsic_id("llvm.arm.neon.vmulls.v8i16")
-    vpadd = T.llvm_lookup_intrinsic_id("llvm.arm.neon.vpadd.v4i16")
-    vpadal = T.llvm_lookup_intrinsic_id("llvm.arm.neon.vpadals.v4i32.v8i16")
+    sums = tirx.call_llvm_pure_intrin("int16x8", "llvm.aarch64.neon.addp.v8i16", low, high)
+    return acc + tirx.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.saddlp.v4i32.v8i16", sums)
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (4,), "int8", offset_factor=1)
-        B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (4,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:4], A[0:4], B[0:4, 0:4])
-            T.writes(C[0:4])
-            twice = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "int8x4"), dtype="int32"), 2),
-                                  dtype="int8x8")
-            low = T.call_llvm_pure_intrin(vmull, twice, B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
-            high = T.call_llvm_pure_intrin(vmull, twice, B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
-            C[T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(vpadal, C.vload([0], dtype="int32x4"), T.Shuffle(
-                [T.call_llvm_pure_intrin(vpadd, T.Shuffle([low], [0, 1, 2, 3]), T.Shuffle([low], [4, 5, 6, 7]),
-                                         dtype="int16x4"),
-                 T.call_llvm_pure_intrin(vpadd, T.Shuffle([high], [0, 1, 2, 3]), T.Shuffle([high], [4, 5, 6, 7]),
-                                         dtype="int16x4")],
-                [0, 1, 2, 3, 4, 5, 6, 7]), dtype="int32x4")
 
-    return impl
+def _armv7_accumulate(acc, low, high):
+    """VMULL's: the pairs added per 64-bit half (armv7's ``vpadd`` has no 128-bit form), the two halves
+    then one ``vpadal`` operand."""
+    from tvm import tirx
+
+    def pairs(products):
+        return tirx.call_llvm_pure_intrin("int16x4", "llvm.arm.neon.vpadd.v4i16", tirx.Shuffle([products], [0, 1, 2, 3]),
+                                          tirx.Shuffle([products], [4, 5, 6, 7]))
+
+    both = tirx.Shuffle([pairs(low), pairs(high)], list(range(8)))
+    return tirx.call_llvm_pure_intrin("int32x4", "llvm.arm.neon.vpadals.v4i32.v8i16", acc, both)
 
 
 def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]:
