@@ -843,3 +843,22 @@ def onnx_qlinear_contrib(path: Path, *, seed: int = 0) -> Path:
 
     onnx.save(model, str(path))
     return path
+
+
+def relax_tiny_dynamic():
+    """``main(x: (2, W), y: (2, W)) -> (a = 2x + y: (2, W), b = concat([x, y], 1): (2, 2W))``: the smallest
+    Relax module with a symbolic dimension, as the C API and Java tests build it for their targets."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((2, "W"), "float32"), y: R.Tensor((2, "W"), "float32")):
+            with R.dataflow():
+                a = R.add(R.multiply(x, R.const(2.0, "float32")), y)
+                b = R.concat([x, y], axis=1)
+                R.output(a, b)
+            return (a, b)
+
+    return Module

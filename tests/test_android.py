@@ -277,6 +277,18 @@ def check_against_reference(build: Path, manifest: BuildManifest, inputs, d: Pat
 # the generated Java API
 
 
+def _assert_javadoc_clean(sources: dict, stubs, tmp_path: Path) -> None:
+    """The generated ``sources`` pass javadoc's full lint with no warning."""
+    _needs("javadoc")
+    src = tmp_path / "src"
+    for rel, body in sources.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(body)
+    doc = _run(["javadoc", "-Xdoclint:all", "-quiet", "-d", tmp_path / "doc", "-cp", stubs,
+                *sorted(src.rglob("*.java"))], check=False)
+    assert doc.returncode == 0 and "warning" not in doc.stdout + doc.stderr, doc.stdout + doc.stderr
+
+
 def test_generated_class_names_types_and_javadoc(stubs, tmp_path):
     manifest = _fake_manifest(
         [("input:0", "float32", (1, 3, 8, 8)), ("class", "int64", (2,)), ("1st mask", "uint8", (4,)),
@@ -301,14 +313,7 @@ def test_generated_class_names_types_and_javadoc(stubs, tmp_path):
     major = int.from_bytes((classes / "ai/edgepack/NativeModel.class").read_bytes()[6:8], "big")
     assert major == 52  # Java 8 bytecode: what every Android toolchain accepts
 
-    _needs("javadoc")
-    src = tmp_path / "src"
-    for rel, body in sources.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(body)
-    doc = _run(["javadoc", "-Xdoclint:all", "-quiet", "-d", tmp_path / "doc", "-cp", stubs,
-                *sorted(src.rglob("*.java"))], check=False)
-    assert doc.returncode == 0 and "warning" not in doc.stdout + doc.stderr, doc.stdout + doc.stderr
+    _assert_javadoc_clean(sources, stubs, tmp_path)
 
 
 def test_bad_java_names_and_dtypes_are_refused():
@@ -670,20 +675,9 @@ def _tiny_dynamic_library(out: Path) -> Path:
     """``main(x: (2, W), y: (2, W)) -> (a = 2x + y: (2, W), b = concat([x, y], 1): (2, 2W))``, W = 8..64 step 4,
     built with TVM for this machine, metadata (version 2) embedded."""
     import tvm
-    from tvm.script import ir as I
-    from tvm.script import relax as R
+    from model_factory import relax_tiny_dynamic
 
-    @I.ir_module
-    class Module:
-        @R.function
-        def main(x: R.Tensor((2, "W"), "float32"), y: R.Tensor((2, "W"), "float32")):
-            with R.dataflow():
-                a = R.add(R.multiply(x, R.const(2.0, "float32")), y)
-                b = R.concat([x, y], axis=1)
-                R.output(a, b)
-            return (a, b)
-
-    executable = tvm.compile(Module, target=tvm.target.Target({"kind": "llvm"}))
+    executable = tvm.compile(relax_tiny_dynamic(), target=tvm.target.Target({"kind": "llvm"}))
     meta = model_meta_text([("x", "float32", (2, "W")), ("y", "float32", (2, "W"))],
                            [("a", "float32", (2, "?")), ("b", "float32", (2, "?"))], TINY_DIMS)
     return export_model_shared(executable, out / "model.so", "g++", cc="gcc", meta_text=meta)
@@ -715,14 +709,7 @@ def test_generated_class_of_a_dynamic_build(stubs, tmp_path):
     assert "newABuffer" not in text  # its size is each run's
     classes = compile_java(sources, tmp_path / "classes", [stubs], werror=True)
     assert (classes / "com/example/vision/TinyDyn$Outputs.class").is_file()
-    _needs("javadoc")
-    src = tmp_path / "src"
-    for rel, body in sources.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(body)
-    doc = _run(["javadoc", "-Xdoclint:all", "-quiet", "-d", tmp_path / "doc", "-cp", stubs,
-                *sorted(src.rglob("*.java"))], check=False)
-    assert doc.returncode == 0 and "warning" not in doc.stdout + doc.stderr, doc.stdout + doc.stderr
+    _assert_javadoc_clean(sources, stubs, tmp_path)
     with pytest.raises(EdgepackError, match="dynamic shape"):  # a name the build has no range for
         java_tensors(replace(manifest, dims={"H": {"min": 8, "max": 64, "step": 4}}))
 

@@ -63,20 +63,9 @@ def _run(cmd, *, check=True, env=None) -> subprocess.CompletedProcess:
 def _build_model(triple: str, out: Path) -> Path:
     """The tiny model with a symbolic W, compiled for ``triple``, metadata embedded."""
     import tvm
-    from tvm.script import ir as I
-    from tvm.script import relax as R
+    from model_factory import relax_tiny_dynamic
 
-    @I.ir_module
-    class Module:
-        @R.function
-        def main(x: R.Tensor((2, "W"), "float32"), y: R.Tensor((2, "W"), "float32")):
-            with R.dataflow():
-                a = R.add(R.multiply(x, R.const(2.0, "float32")), y)
-                b = R.concat([x, y], axis=1)
-                R.output(a, b)
-            return (a, b)
-
-    executable = tvm.compile(Module, target=tvm.target.Target(TARGETS[triple]))
+    executable = tvm.compile(relax_tiny_dynamic(), target=tvm.target.Target(TARGETS[triple]))
     cc, cxx = COMPILERS[triple]
     return export_model_shared(executable, out / "model.so", cxx, cc=cc,
                                meta_text=model_meta_text(INPUTS, OUTPUTS, DIMS),

@@ -180,19 +180,24 @@ static jint native_find(JNIEnv* env, jclass cls, jlong handle, jboolean output, 
   return (jint)index;
 }
 
+/* Dimension `dim` of input `index` into `range`; 0 with a Java exception thrown where the C API refuses. */
+static int input_dim(JNIEnv* env, jlong handle, jint index, jint dim, ep_dim_range* range) {
+  ep_status st = ep_model_input_dim(to_model(handle), (int)index, (int)dim, range);
+  if (st != EP_OK) {
+    throw_status(env, st);
+    return 0;
+  }
+  return 1;
+}
+
 /* The range of dimension `dim` of input `index` (a dynamic one: its name's min, max, step; a static
  * one: min = max = its extent, step 1) as {min, max, step}. */
 static jlongArray native_input_dim(JNIEnv* env, jclass cls, jlong handle, jint index, jint dim) {
   ep_dim_range range;
   jlong values[3];
   jlongArray out;
-  ep_status st;
   (void)cls;
-  st = ep_model_input_dim(to_model(handle), (int)index, (int)dim, &range);
-  if (st != EP_OK) {
-    throw_status(env, st);
-    return NULL;
-  }
+  if (!input_dim(env, handle, index, dim, &range)) return NULL;
   values[0] = (jlong)range.min;
   values[1] = (jlong)range.max;
   values[2] = (jlong)range.step;
@@ -204,13 +209,8 @@ static jlongArray native_input_dim(JNIEnv* env, jclass cls, jlong handle, jint i
 /* The name of dimension `dim` of input `index`: a dynamic one's ("W"), "" for a static one. */
 static jstring native_input_dim_name(JNIEnv* env, jclass cls, jlong handle, jint index, jint dim) {
   ep_dim_range range;
-  ep_status st;
   (void)cls;
-  st = ep_model_input_dim(to_model(handle), (int)index, (int)dim, &range);
-  if (st != EP_OK) {
-    throw_status(env, st);
-    return NULL;
-  }
+  if (!input_dim(env, handle, index, dim, &range)) return NULL;
   return (*env)->NewStringUTF(env, range.name != NULL ? range.name : "");
 }
 
