@@ -83,6 +83,7 @@ def fold_constant_calls():
         """Calls whose arguments are constants, directly or through bindings, with those constants.
         (Kernels of the same shapes share one function: calls, not functions, are folded.)"""
         found = []
+        runnable: dict = {}  # kernel -> runs_here(it), each kernel walked once
         for _gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
                 continue
@@ -107,8 +108,10 @@ def fold_constant_calls():
                     if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
                             and isinstance(value.args[0], tvm.ir.GlobalVar):
                         args = resolve(value.args[1])
-                        if args is not None and worth_folding(value, args) \
-                                and runs_here(mod[value.args[0]]):
+                        kernel = value.args[0]
+                        if kernel not in runnable:
+                            runnable[kernel] = runs_here(mod[kernel])
+                        if args is not None and worth_folding(value, args) and runnable[kernel]:
                             found.append((value, args))
                         continue
                     resolved = resolve(value)
