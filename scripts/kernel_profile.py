@@ -166,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.build} is not a build directory (no manifest.json): give the directory that "
                      "`edgepack compile MODEL --profile host -o DIR` wrote")
     from edgepack.manifest import read_manifest
+    from edgepack.profiles import get_profile
     from edgepack.run.threads import use_threads_here
 
     manifest = read_manifest(args.build)
-    if manifest.profile_name != "host":
+    if not get_profile(manifest.profile_name).is_host:
         parser.error(f"{args.build} was built for the {manifest.profile_name} profile; this script times a build "
-                     "on this machine: compile the model with `--profile host` and profile that build")
+                     "on this machine: compile the model with `--profile host` (or another x86-64 profile) and "
+                     "profile that build")
     from edgepack.dims import dims_from_dict, parse_sizes
 
     size = parse_sizes(args.size, dims_from_dict(manifest.dims))

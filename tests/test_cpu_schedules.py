@@ -66,8 +66,11 @@ def test_cpu_info_reads_the_target_not_this_machine():
         return CpuInfo.of(tvm.target.Target(spec))
 
     assert info({"kind": "llvm", "mcpu": "znver4"}) == CpuInfo("x86_64", 512, 32, "vnni")
-    assert info({"kind": "llvm", "mcpu": "skylake-avx512"}) == CpuInfo("x86_64", 512, 32)  # AVX-512 without VNNI
-    assert info({"kind": "llvm", "mcpu": "haswell"}) == CpuInfo("x86_64", 256, 16)
+    # AVX-512 without VNNI, and AVX2: 16-bit multiply-adds of pairs
+    assert info({"kind": "llvm", "mcpu": "skylake-avx512"}) == CpuInfo("x86_64", 512, 32, "pmaddwd")
+    assert info({"kind": "llvm", "mcpu": "haswell"}) == CpuInfo("x86_64", 256, 16, "pmaddwd")
+    assert info({"kind": "llvm", "mcpu": "alderlake"}) == CpuInfo("x86_64", 256, 16, "avxvnni")
+    assert info({"kind": "llvm", "mcpu": "sandybridge"}) == CpuInfo("x86_64", 256, 16)  # AVX without AVX2
     assert info({"kind": "llvm"}).vector_bits == 128  # no mcpu: LLVM emits SSE2 only
     assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}) == CpuInfo("aarch64", 128, 32,
                                                                                                  "smull")

@@ -16,6 +16,12 @@ from edgepack.errors import EdgepackError
 from edgepack.validation import validate
 
 MNV2_PRE = "input=image:rgb8,mean=123.7/116.3/103.5,std=58.4/57.1/57.4"
+#: x86 profiles other than this machine's run here natively where this CPU has what they use: AVX2
+#: (vpmaddwd) on every CPU the suite runs on, AVX-VNNI (Alder Lake, Sapphire Rapids and later) not everywhere
+X86_AVX2 = ("x86-64-avx2", "host")
+X86_AVXVNNI = pytest.param("x86-64-avxvnni", "host", marks=pytest.mark.skipif(
+    "avx_vnni" not in open("/proc/cpuinfo").read().split(),
+    reason="this machine's CPU has no AVX-VNNI: an x86-64-avxvnni build cannot run here"))
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +93,7 @@ def test_a_quantized_model_runs_on_integer_kernels_and_matches_onnxruntime(quant
         assert size < 0.4 * float_size, (size, float_size)
 
 
-@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
+@pytest.mark.parametrize("profile,on", [("host", "host"), X86_AVX2, ("rpi5", "emulator"), ("rpi4", "emulator"),
                                         ("rpi3", "emulator")])
 @pytest.mark.slow
 def test_a_tflite_int8_model_matches_litert(models, build_cache, profile, on):
@@ -106,14 +112,15 @@ def _dot_product_kernels(build) -> int:
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
-@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
-                                        ("rpi3", "emulator")])
+@pytest.mark.parametrize("profile,on", [("host", "host"), X86_AVX2, X86_AVXVNNI, ("rpi5", "emulator"),
+                                        ("rpi4", "emulator"), ("rpi3", "emulator")])
 def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, profile, on, tmp_path):
     """5 input channels (padded to 8 for 4-byte groups), asymmetric padding, stride 2, dilation 2, 1x1;
     activations with a zero point away from 0 (the padding's share subtracted), int8 (VNNI's unsigned
     operand: +128) and uint8 (sdot's signed one: -128). rpi5 (Cortex-A76, emulated as one) runs sdot;
     rpi4 (Cortex-A72, no dot product, emulated as one: an sdot there would not run) and rpi3 (armv7) the
-    widening sequences (smull/addp/sadalp, vmull/vpadd/vpadal)."""
+    widening sequences (smull/addp/sadalp, vmull/vpadd/vpadal); x86-64-avx2 vpmaddwd on 16-bit inputs and
+    weights stored by channel pairs, x86-64-avxvnni 256-bit vpdpbusd."""
     from model_factory import onnx_qdq_convs
 
     from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -128,7 +135,7 @@ def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, pro
         assert report.passed and out.step is not None and out.max_abs_error <= out.step * 1.0001, report.to_dict()
 
 
-@pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
+@pytest.mark.parametrize("profile,on", [("host", "host"), X86_AVX2, ("rpi5", "emulator"), ("rpi4", "emulator"),
                                         ("rpi3", "emulator")])
 def test_products_with_a_zero_point_known_at_run_time_run_on_dot_products(profile, on, tmp_path):
     """``quantize_dynamic``'s form: DynamicQuantizeLinear's uint8 and its run-time zero point into a
@@ -173,15 +180,18 @@ def _instructions(library, objdump: str) -> dict[str, int]:
 
     text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(library)], check=True, capture_output=True,
                           text=True).stdout
-    return dict(Counter(line.split("\t")[1].split()[0] for line in text.splitlines()
-                        if line.startswith(" ") and line.count("\t") >= 1 and len(line.split("\t")) > 1
-                        and line.split("\t")[1].strip()))
+    # a prefix such as "{vex}" (AVX-VNNI's encoding of vpdpbusd) is part of the mnemonic
+    return dict(Counter(" ".join(words[:2]) if words[0].startswith("{") else words[0]
+                        for words in (line.split("\t")[1].split() for line in text.splitlines()
+                                      if line.startswith(" ") and len(line.split("\t")) > 1
+                                      and line.split("\t")[1].strip())))
 
 
 def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, build_cache):
     """The rpi5 build (Cortex-A76: +dotprod) computes ResNet-8's convolutions with sdot; the rpi4 build
     (Cortex-A72) has none and widens instead (smull, addp, sadalp), as the rpi3 build does in armv7's
-    (vmull.s8, vpadd.i16, vpadal.s16); the host build uses AVX-512 VNNI where this CPU has it."""
+    (vmull.s8, vpadd.i16, vpadal.s16); the host build uses AVX-512 VNNI where this CPU has it, the
+    x86-64-avx2 build vpmaddwd and the x86-64-avxvnni build VEX-encoded vpdpbusd."""
     import shutil
 
     from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -198,6 +208,11 @@ def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, bui
     if CpuInfo.of(get_profile("host").tvm_target()).dot_product == "vnni" and shutil.which("objdump"):
         host = _instructions(build_cache(model, "host") / "device" / "model.so", "objdump")
         assert host.get("vpdpbusd", 0) >= 50, host
+    # AVX2 (no VNNI) multiplies 16-bit pairs; AVX-VNNI has vpdpbusd in its 256-bit VEX form
+    avx2 = _instructions(build_cache(model, "x86-64-avx2") / "device" / "model.so", "objdump")
+    assert avx2.get("vpmaddwd", 0) >= 100 and not any("vpdpbusd" in k for k in avx2), avx2
+    avxvnni = _instructions(build_cache(model, "x86-64-avxvnni") / "device" / "model.so", "objdump")
+    assert avxvnni.get("{vex} vpdpbusd", 0) >= 50, avxvnni
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
-"""8-bit convolutions on the CPU's dot-product instructions: AVX-512 VNNI (``vpdpbusd``) on x86 and
-``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones), and on
-NEON's widening multiplies where there is none (Cortex-A72: rpi4; armv7: rpi3; ``schedules/dot_product.py``'s
-SMULL and VMULL, which take no weight of -128).
+"""8-bit convolutions on the CPU's dot-product instructions: AVX-512 VNNI and AVX-VNNI (``vpdpbusd``) on x86
+and ``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones), and
+on widening multiplies where there is none: AVX2's ``vpmaddwd`` on 16-bit pairs, NEON's (Cortex-A72: rpi4;
+armv7: rpi3; ``schedules/dot_product.py``'s PMADDWD, SMULL and VMULL, the last two taking no weight of -128).
 
 ``backends/integer.py`` turns an 8-bit convolution into an exact int32 one, ``conv2d(int32(x_q) - z, w_q)``. As
 such it multiplies 32-bit integers, 16 per AVX-512 instruction. A dot-product instruction multiplies
@@ -55,14 +55,18 @@ def output_size(h: int, w: int, kernel: tuple[int, int], *, strides, padding, di
     return (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
 
 
-def packed_weights(weights_ohwi: np.ndarray) -> np.ndarray:
+def packed_weights(weights_ohwi: np.ndarray, dot: DotProduct) -> np.ndarray:
     """OHWI int8 weights as ``[KH, KW, C/4, O, 4]``, the input channels padded to a multiple of 4 with
-    zeros."""
+    zeros; for an instruction that reads them by pairs of channels (``DotProduct.pairs``) as
+    ``[KH, KW, C/4, O/L, 2, L, 2]``."""
     o, kh, kw, c = weights_ohwi.shape
     cp = -(-c // 4) * 4
     grown = np.zeros((o, kh, kw, cp), np.int8)
     grown[..., :c] = weights_ohwi
-    return np.ascontiguousarray(grown.reshape(o, kh, kw, cp // 4, 4).transpose(1, 2, 3, 0, 4))
+    packed = grown.reshape(o, kh, kw, cp // 4, 4).transpose(1, 2, 3, 0, 4)
+    if dot.pairs:
+        packed = packed.reshape(kh, kw, cp // 4, o // dot.lanes, dot.lanes, 2, 2).transpose(0, 1, 2, 3, 5, 4, 6)
+    return np.ascontiguousarray(packed)
 
 
 def dot_convolution(data, weights, *, strides, padding, dilation, pad_value, shift: int, dot: DotProduct):
@@ -72,7 +76,8 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value, shi
     from tvm import te
 
     n, h, w, c = (int(v) for v in data.shape)
-    kh_, kw_, blocks, o, _four = (int(v) for v in weights.shape)
+    kh_, kw_, blocks = (int(v) for v in weights.shape[:3])
+    o = int(weights.shape[3]) * (dot.lanes if dot.pairs else 1)
     (sh, sw), (dh, dw) = strides, dilation
     oh, ow = output_size(h, w, (kh_, kw_), strides=strides, padding=padding, dilation=dilation)
 
@@ -84,11 +89,16 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value, shi
     rx = te.reduce_axis((0, kw_), "rx")
     rb = te.reduce_axis((0, blocks), "rb")
     rc = te.reduce_axis((0, 4), "rc")
+
+    def weight(k):
+        if dot.pairs:
+            return weights[ry, rx, rb, k // dot.lanes, rc // 2, k % dot.lanes, rc % 2]
+        return weights[ry, rx, rb, k, rc]
+
     return te.compute(
         (n, oh, ow, o),
         lambda b, y, x, k: te.sum(
-            padded[b, y * sh + ry * dh, x * sw + rx * dw, rb * 4 + rc].astype("int32")
-            * weights[ry, rx, rb, k, rc].astype("int32"),
+            padded[b, y * sh + ry * dh, x * sw + rx * dw, rb * 4 + rc].astype("int32") * weight(k).astype("int32"),
             axis=[ry, rx, rb, rc]),
         name="dot_conv", attrs={DOT_PRODUCT_ATTR: dot.name})
 
@@ -205,15 +215,15 @@ def _dot_call(bb, data, zero, weight: np.ndarray, window: dict, dot: DotProduct)
         return None
     out_channels = int(weight.shape[0])
     channels = -(-out_channels // dot.lanes) * dot.lanes  # a few more at 4x the speed: 24 as 32
-    shift = {("uint8", "uint8"): 0, ("int8", "uint8"): 128,
-             ("int8", "int8"): 0, ("uint8", "int8"): -128}[(dtype_of(data), dot.data_dtype)]
+    shift = {("uint8", "uint8"): 0, ("int8", "uint8"): 128, ("int8", "int8"): 0, ("uint8", "int8"): -128,
+             ("int8", "int16"): 0, ("uint8", "int16"): 0}[(dtype_of(data), dot.data_dtype)]
     info = np.iinfo(dot.data_dtype)
     # a run-time zero point of the input's type, shifted as the input is, stays in the operand's range
     if not isinstance(zero, RuntimeZero) and not info.min <= zero + shift <= info.max:
         return None
     if channels != out_channels:  # computed in whole vectors, the rest cropped (``channels.py``)
         weight = np.concatenate([weight, np.zeros((channels - weight.shape[0], *weight.shape[1:]), np.int8)])
-    packed = packed_weights(weight)
+    packed = packed_weights(weight, dot)
     weight_sums = weight.astype(np.int64).sum(axis=(1, 2, 3))
     settings = {**window, "shift": shift, "dot": dot}
     if isinstance(zero, RuntimeZero):

@@ -41,9 +41,16 @@ class DotProduct:
 
     name: str  # the TensorIntrin's registered name
     lanes: int
-    data_dtype: str  # "uint8" (VNNI) or "int8" (sdot)
+    data_dtype: str  # "uint8" (VNNI), "int8" (sdot) or "int16" (widened once, in the input's padded copy)
     #: the smallest weight the sequence sums exactly (the widening one adds two products in 16 bits)
     weight_min: int = -128
+    #: vector registers one output vector's weights take while a tile's pixels use them, and the ones its
+    #: sequence needs besides (the input broadcast, products in flight)
+    weight_registers: int = 1
+    scratch_registers: int = 1
+    #: the L x 4 weights of one instruction stored as channels 0-1 of every lane, then 2-3 (``[2, L, 2]``)
+    #: rather than lane by lane (``[L, 4]``): ``cpu/dot_product.py``'s packing, this kernel's reading
+    pairs: bool = False
 
 
 VNNI = DotProduct("edgepack_vnni_16x4_u8i8i32", 16, "uint8")
@@ -56,7 +63,16 @@ SMULL = DotProduct("edgepack_smull_4x4_i8i8i32", 4, "int8", weight_min=-127)
 #: The same on 32-bit ARM NEON (Cortex-A53 in armv7 mode: rpi3): ``vmull`` x2, ``vpadd`` x2 (on the halves),
 #: ``vpadal``.
 VMULL = DotProduct("edgepack_vmull_4x4_i8i8i32", 4, "int8", weight_min=-127)
-INSTRUCTIONS = {"vnni": VNNI, "sdot": SDOT, "smull": SMULL, "vmull": VMULL}
+#: AVX-VNNI (Alder Lake and later client CPUs: VNNI without AVX-512): ``vpdpbusd`` on 256 bits.
+AVX_VNNI = DotProduct("edgepack_avxvnni_8x4_u8i8i32", 8, "uint8")
+#: AVX2 without VNNI (Haswell to Skylake, Zen 1-3): ``vpmaddwd`` x2 on the bytes widened to 16 bits (each
+#: int32 lane the sum of 2 exact products; ``_pmaddwd_impl``).
+#: ``vpmaddubsw`` would take the bytes as they are, but sums two products in 16 bits with saturation:
+#: 2 x 255 x 127 does not fit.
+PMADDWD = DotProduct("edgepack_pmaddwd_8x4_i16i8i32", 8, "int16", weight_registers=2, scratch_registers=3,
+                     pairs=True)
+INSTRUCTIONS = {"vnni": VNNI, "avxvnni": AVX_VNNI, "pmaddwd": PMADDWD, "sdot": SDOT, "smull": SMULL,
+                "vmull": VMULL}
 
 
 def dot_product_of(cpu: CpuInfo) -> DotProduct | None:
@@ -97,10 +113,16 @@ def _register(dot: DotProduct) -> None:
         TensorIntrin.register(dot.name, desc, impl, override=True)
         _REGISTERED.add(dot.name)
         return
+    if dot is PMADDWD:
+        TensorIntrin.register(dot.name, _pairs_desc(lanes, dtype), _pmaddwd_impl(), override=True)
+        _REGISTERED.add(dot.name)
+        return
 
     # LLVM 22's intrinsics take the 8-bit operands as byte vectors (TVM's own VNNI intrinsic passes
-    # them as int32x16 and fails LLVM's verifier)
-    intrinsic = ("llvm.x86.avx512.vpdpbusd.512" if dot is VNNI else "llvm.aarch64.neon.sdot.v4i32.v16i8")
+    # them as int32x16 and fails LLVM's verifier); AVX-VNNI's is AVX-512 VNNI's 256-bit one, which LLVM
+    # encodes as VEX where the CPU has no AVX-512
+    intrinsic = {VNNI: "llvm.x86.avx512.vpdpbusd.512", AVX_VNNI: "llvm.x86.avx512.vpdpbusd.256",
+                 SDOT: "llvm.aarch64.neon.sdot.v4i32.v16i8"}[dot]
     data_vector, weight_vector, acc_vector = f"{dtype}x{4 * lanes}", f"int8x{4 * lanes}", f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
@@ -149,6 +171,58 @@ def _widening_impl(multiply: str, accumulate):
     return impl
 
 
+def _pairs_desc(lanes: int, dtype: str):
+    """The desc of an instruction whose weights are stored by pairs of channels (``DotProduct.pairs``)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), dtype, offset_factor=1)
+        B = T.match_buffer(b, (2, lanes, 2), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:2, 0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vk // 2, vi, vk % 2])
+
+    return desc
+
+
+def _pmaddwd_impl():
+    """PMADDWD's intrinsic: input channels 0-1 (16 bits: the input's padded copy widened them once) as one
+    32-bit pair broadcast to the 8 lanes, times each lane's weights 0-1 (``vpmaddwd``: 8 sums of 2 exact
+    products), the same for channels 2-3, both added to the accumulator. The weights are stored by pairs
+    (``DotProduct.pairs``): each half is one widening load. Summing 4 channels' products in one ``vpmaddwd``
+    instead leaves pairs to add across lanes (``vphaddd`` and a ``vpermq``: 3 shuffle-port micro-ops per
+    32 multiply-adds; MobileNetV2's 1x1 convolutions ran at 70 GOP/s), and regrouping lane-by-lane weights
+    in registers took 4 shuffles per weight vector and tile."""
+    from tvm.script import tirx as T
+
+    madd = T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd")
+
+    def pair(A, k):  # channels k, k + 1 in every lane
+        return T.reinterpret(T.broadcast(T.reinterpret(A.vload([k], "int16x2"), dtype="int32"), 8), dtype="int16x16")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "int16", offset_factor=1)
+        B = T.match_buffer(b, (2, 8, 2), "int8", offset_factor=1)
+        C = T.match_buffer(c, (8,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:2, 0:8, 0:2])
+            T.writes(C[0:8])
+            first = T.Cast("int16x16", B.vload([0, 0, 0], dtype="int8x16"))
+            second = T.Cast("int16x16", B.vload([1, 0, 0], dtype="int8x16"))
+            C[T.ramp(T.int32(0), 1, 8)] = (C.vload([0], dtype="int32x8")
+                                            + T.call_llvm_pure_intrin(madd, pair(A, 0), first, dtype="int32x8")
+                                            + T.call_llvm_pure_intrin(madd, pair(A, 2), second, dtype="int32x8"))
+
+    return impl
+
+
 def _aarch64_accumulate(acc, low, high):
     """SMULL's: the products' pairs added (``addp``: 4 sums per half, 8 in all), their pairs added into the
     accumulator (``saddlp`` + add, which LLVM emits as one ``sadalp``)."""
@@ -171,13 +245,16 @@ def _armv7_accumulate(acc, low, high):
     return tirx.call_llvm_pure_intrin("int32x4", "llvm.arm.neon.vpadals.v4i32.v8i16", acc, both)
 
 
-def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]:
+def register_tile(width: int, blocks: int, cpu: CpuInfo, dot: DotProduct) -> tuple[int, int]:
     """(pixels, vectors) of a tile: pixels dividing the row's ``width``, vectors (powers of two) the
-    output channels' ``blocks``, at most ``accumulators`` registers; the most instructions per operand
+    output channels' ``blocks``, at most ``cpu.accumulators`` accumulators, and with the vectors' weights
+    and ``dot``'s other operands within the CPU's vector registers (AVX2's 16: PMADDWD's weights take two
+    each, and a tile of 2 x 4 spilled); the most instructions per operand
     loaded (p * v dot products read p inputs and v weight vectors), then the most vectors. ResNet-50's
     7x7 stage took 1 pixel x 4 vectors with the vectors chosen first (100 GOP/s); 7 x 2 runs at ~400."""
     shapes = [(p, v) for p in range(1, min(width, MAX_PIXELS) + 1) if width % p == 0
-              for v in (1, 2, 4, 8) if v <= MAX_VECTORS and blocks % v == 0 and p * v <= accumulators]
+              for v in (1, 2, 4, 8) if v <= MAX_VECTORS and blocks % v == 0 and p * v <= cpu.accumulators
+              and p * v + v * dot.weight_registers + dot.scratch_registers <= cpu.vector_registers]
     return max(shapes, key=lambda pv: (pv[0] * pv[1] / (pv[0] + pv[1]), pv[1]))
 
 
@@ -200,7 +277,7 @@ class DotProductConv(CpuRule):
         n, y, x, o, ky, kx, kb, kc = sch.get_loops(block)
         channels = static_extent(sch, o)
         width = static_extent(sch, x)
-        pixels, vectors = register_tile(width, channels // lanes, cpu.accumulators)
+        pixels, vectors = register_tile(width, channels // lanes, cpu, dot)
         x_outer, x_inner = sch.split(x, [None, pixels])
         o_outer, o_lanes = sch.split(o, [None, lanes])
         o_tiles, o_vectors = sch.split(o_outer, [None, vectors])

@@ -16,8 +16,9 @@ class CpuInfo:
     arch: str  # "x86_64", "aarch64", "arm"
     vector_bits: int  # 128 (SSE, NEON), 256 (AVX2), 512 (AVX-512)
     vector_registers: int  # architectural SIMD registers: 16 or 32
-    #: 8-bit dot-product instruction: "vnni" (AVX-512 VNNI), "sdot" (aarch64 +dotprod), "smull" (aarch64
-    #: without it) and "vmull" (armv7 NEON): widening sequences (``schedules/dot_product.py``), None
+    #: 8-bit dot-product instruction: "vnni" (AVX-512 VNNI), "avxvnni" (its 256-bit VEX form), "sdot" (aarch64
+    #: +dotprod); widening sequences (``schedules/dot_product.py``): "pmaddwd" (AVX2), "smull" (aarch64
+    #: without the dot product), "vmull" (armv7 NEON); None
     dot_product: str | None = None
 
     @classmethod
@@ -32,8 +33,11 @@ class CpuInfo:
             neon = "neon" in features
             return cls("arm", 128 if neon else 32, 16, "vmull" if neon else None)
         bits = 512 if "avx512f" in features else 256 if "avx" in features else 128
-        vnni = "vnni" if bits == 512 and "avx512vnni" in features else None
-        return cls("x86_64", bits, 32 if bits == 512 else 16, vnni)
+        if bits == 512 and "avx512vnni" in features:
+            dot = "vnni"
+        else:
+            dot = "avxvnni" if "avxvnni" in features else "pmaddwd" if "avx2" in features else None
+        return cls("x86_64", bits, 32 if bits == 512 else 16, dot)
 
     def lanes(self, dtype_bits: int) -> int:
         """Elements of ``dtype_bits`` in one vector register."""
