@@ -21,6 +21,8 @@ import struct
 
 import numpy as np
 
+from edgepack.backends.separate_products import separate_products
+
 TIR_PIPELINE = "edgepack-gpu"
 
 
@@ -62,13 +64,14 @@ def _pipeline():
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()  # TVM's "default" for GPU targets
-    return lower, finalize_host, lambda: tvm.transform.Sequential([finalize_device(), exact_float_constants()])
+    return lower, finalize_host, lambda: tvm.transform.Sequential(
+        [finalize_device(), exact_float_constants(), separate_products("statement")])
 
 
 @functools.cache
 def tir_pipeline() -> str:
-    """The name of the GPU builds' TIR pipeline (TVM's default, then ``exact_float_constants`` on the device
-    kernels), registered with TVM once per process."""
+    """The name of the GPU builds' TIR pipeline (TVM's default, then ``exact_float_constants`` and
+    ``separate_products`` on the device kernels), registered with TVM once per process."""
     from tvm import tirx
 
     tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline)

@@ -22,7 +22,7 @@ import functools
 from math import prod
 
 from edgepack.backends.cpu.round_even import round_even
-from edgepack.backends.cpu.separate_products import separate_products
+from edgepack.backends.separate_products import separate_products
 
 TIR_PIPELINE = "edgepack-cpu"
 STACK_LIMIT_BYTES = 16 * 1024
