@@ -222,6 +222,39 @@ def test_grids_beyond_the_dispatch_limit_are_folded(lavapipe, tmp_path):
     np.testing.assert_array_equal(_run_tiny(executable, tmp_path, x), np.maximum(x, 0))
 
 
+@pytest.mark.parametrize("op,shape", [("max", (1, 64, 16, 160)), ("min", (1, 64, 16, 160)),
+                                      ("sum", (1, 64, 16, 160)), ("max", (163840,))])
+def test_whole_tensor_reductions_see_every_element_on_lavapipe(lavapipe, tmp_path, op, shape):
+    """lavapipe ends a shader invocation's loops after 65535 iterations in all, silently; TVM reduces a whole
+    tensor in one thread, so the maximum of a 1x64x16x160 tensor (DynamicQuantizeLinear's, in the dynamically
+    quantized PP-OCRv2 at width 320) was that of its first ~64600 elements. ``split_long_reductions`` reduces
+    trailing axes (rows of a flat copy for one long axis) of at most ``REDUCTION_SPAN`` elements first."""
+    from tvm import relax
+
+    from edgepack.backends.vulkan import REDUCTION_SPAN
+
+    built = VULKAN.build(tiny_module(lambda x: getattr(relax.op, op)(x, keepdims=op == "min"),
+                                     [(shape, "float32")]), _target())
+    loop = re.compile(r"for \(var (\w+) : i32 = 0i; \1 < (\d+)i;")
+    loops = [int(n) for k in built.report.kernels for _, n in loop.findall(k.source)]
+    assert max(loops, default=0) <= REDUCTION_SPAN
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    x.ravel()[-1] = {"max": 9.0, "min": -9.0, "sum": 1000.0}[op]  # past the first 65535 elements
+    want = getattr(np, op)(x.astype(np.float64), keepdims=op == "min")
+    np.testing.assert_allclose(_run_tiny(built.executable, tmp_path, x), want, rtol=1e-5)
+
+
+def test_partial_and_short_reductions_are_left_to_tvm():
+    """Only reductions of a whole tensor of more than REDUCTION_SPAN elements are split."""
+    from tvm import relax
+
+    from edgepack.backends.vulkan import split_long_reductions
+
+    for fn, shape in ((lambda x: relax.op.max(x, axis=[1]), (64, 4096)), (lambda x: relax.op.sum(x), (64, 64))):
+        mod = tiny_module(fn, [(shape, "float32")]).mod
+        assert str(split_long_reductions()(mod)) == str(mod)
+
+
 def test_profile_limits_reach_the_schedules():
     """The profiles' Vulkan limits are what the GPU schedules size their thread blocks by."""
     from tvm import relax

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import math
 import os
 import re
 import tempfile
@@ -25,6 +26,7 @@ from typing import Any
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
+from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32, refuse_8_bit_boundary
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
@@ -76,6 +78,67 @@ def driver_status() -> tuple[bool, str, str]:
 
 
 
+# Mesa's llvmpipe, and so lavapipe, ends every loop of a shader invocation once all its loops together have
+# run 65535 iterations (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, one counter per invocation), silently: the
+# shader goes on with what it has. TVM's GPU schedules reduce a whole tensor (R.max / R.min / R.sum to one
+# value, as DynamicQuantizeLinear does) in one thread, one iteration per element: a 1x64x16x160 tensor's
+# maximum was that of its first ~64600 elements.
+REDUCTION_SPAN = 4096
+_SPLIT_REDUCTIONS = {"relax.max": "max", "relax.min": "min", "relax.sum": "sum"}
+
+
+def _chunk(n: int, span: int) -> int:
+    """The largest divisor of ``n`` that is at most ``span`` (1 for a prime ``n`` above it)."""
+    return next(d for d in range(min(n, span), 0, -1) if n % d == 0)
+
+
+def split_long_reductions(span: int = REDUCTION_SPAN):
+    """A Relax pass: a reduction of a whole tensor of more than ``span`` elements (``R.max``, ``R.min``,
+    ``R.sum`` over every axis) as one over its trailing axes that hold at most ``span`` elements together
+    (over rows of a reshaped copy where the last axis alone is longer), then of its result, until at most
+    ``span`` remain: no invocation of its kernels loops much more than ``span`` times (lavapipe stops a
+    shader's loops after 65535 iterations, ``REDUCTION_SPAN``'s note). Max and min are exact; a sum is
+    reassociated (by rows, as a parallel sum is)."""
+    from tvm import relax
+
+    def rewrite(call, builder):
+        op = op_name(call)
+        if op not in _SPLIT_REDUCTIONS or call.attrs is None:
+            return None
+        shape = static_shape(call.args[0])
+        if shape is None:  # unknown rank or a symbolic dimension
+            return None
+        axes = None if call.attrs.axis is None else {int(a) % max(len(shape), 1) for a in call.attrs.axis}
+        if axes is not None and axes != set(range(len(shape))):
+            return None
+        if math.prod(shape) <= span:
+            return None
+        make = getattr(relax.op, _SPLIT_REDUCTIONS[op])
+        rest, dims = call.args[0], list(shape)
+        while math.prod(dims) > span:
+            k = len(dims)  # dims[k:]: the most trailing axes that together hold at most ``span`` elements
+            while math.prod(dims[k - 1:]) <= span:
+                k -= 1
+            if k < len(dims):  # over those axes: no copy of the tensor
+                rest = builder.emit(make(rest, axis=list(range(k, len(dims)))))
+                dims = dims[:k]
+                continue
+            m = math.prod(dims)  # the last axis alone is longer: over rows of it
+            d = _chunk(m, span)
+            if d == 1:  # a prime number of elements
+                break
+            rest = builder.emit(make(relax.op.reshape(rest, (m // d, d)), axis=[1]))
+            dims = [m // d]
+        if rest.same_as(call.args[0]):
+            return None
+        out = make(rest, axis=None, keepdims=False)
+        if bool(call.attrs.keepdims):
+            out = relax.op.reshape(builder.emit(out), [1] * len(shape))
+        return out
+
+    return call_rewrite_pass("EdgepackSplitLongReductions", rewrite)
+
+
 def _with_module(imported: ImportedModel, mod: Any) -> ImportedModel:
     """``imported`` (an ImportedModel, or a stand-in with .mod and .info) with another Relax module."""
     clone = copy.copy(imported)
@@ -119,7 +182,8 @@ class VulkanBackend(GpuBackend):
                 "manifest_extra": {"wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION}}
 
     def relax_passes(self, model: str) -> list[Any]:
-        return [hold_8_bits_in_32(model)]  # WGSL has no 8-bit integers (``wgsl_bytes.py``)
+        # WGSL has no 8-bit integers (``wgsl_bytes.py``); lavapipe stops long loops (``split_long_reductions``)
+        return [hold_8_bits_in_32(model), split_long_reductions()]
 
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
