@@ -737,7 +737,8 @@ def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
     """Convolutions as ``onnxruntime.quantization.quantize_dynamic`` leaves them: each float input quantized
     at run time (DynamicQuantizeLinear: uint8, its zero point from the values' range), a ConvInteger over it
     with int8 weights and that run-time zero point (5 input channels, padding: the zero point fills it), the
-    int32 sum scaled back to float. Two such layers, the second after a ReLU-free float bias add."""
+    int32 sum scaled back to float. Two such layers, the second after a ReLU-free float bias add, then a
+    depthwise one (12 channels, 3x3, padded)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -749,16 +750,17 @@ def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
         return name
 
     x, channels = "input", 5
-    for i, (out, pads, stride) in enumerate([(16, [1, 0, 2, 1], 1), (12, [1, 1, 1, 1], 2)]):
+    for i, (out, pads, stride, group) in enumerate([(16, [1, 0, 2, 1], 1, 1), (12, [1, 1, 1, 1], 2, 1),
+                                                    (12, [1, 1, 1, 1], 1, 12)]):
         nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [f"q{i}", f"s{i}", f"z{i}"]))
-        w = rng.integers(-127, 128, (out, channels, 3, 3)).astype(np.int8)
+        w = rng.integers(-127, 128, (out, channels // group, 3, 3)).astype(np.int8)
         nodes.append(helper.make_node("ConvInteger", [f"q{i}", const(f"w{i}", w), f"z{i}"], [f"acc{i}"],
-                                      kernel_shape=[3, 3], pads=pads, strides=[stride, stride]))
+                                      kernel_shape=[3, 3], pads=pads, strides=[stride, stride], group=group))
         nodes.append(helper.make_node("Cast", [f"acc{i}"], [f"accf{i}"], to=TensorProto.FLOAT))
         nodes.append(helper.make_node("Mul", [f"s{i}", const(f"ws{i}", np.float32(0.004))], [f"scale{i}"]))
         nodes.append(helper.make_node("Mul", [f"accf{i}", f"scale{i}"], [f"y{i}"]))
         bias = rng.normal(0, 0.1, (1, out, 1, 1)).astype(np.float32)
-        x = "output" if i == 1 else f"h{i}"
+        x = "output" if i == 2 else f"h{i}"
         nodes.append(helper.make_node("Add", [f"y{i}", const(f"b{i}", bias)], [x]))
         channels = out
     graph = helper.make_graph(nodes, "dynamic_convs",

@@ -139,15 +139,17 @@ def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, pro
                                         ("rpi3", "emulator")])
 def test_products_with_a_zero_point_known_at_run_time_run_on_dot_products(profile, on, tmp_path):
     """``quantize_dynamic``'s form: DynamicQuantizeLinear's uint8 and its run-time zero point into a
-    ConvInteger, or a MatMulInteger (a 1x1 convolution of its rows). The dot-product kernels read the 8-bit
-    input with that zero point as the padding value and its share subtracted per channel (before: int32
-    multiply-adds on an int32 copy of the input): exact against ONNX Runtime, here and on each ARM profile's
-    code under qemu. Padding with 0 instead is 3-15 off."""
+    ConvInteger, or a MatMulInteger (a 1x1 convolution of its rows). The dot-product kernels, and the
+    depthwise kernel that reads 8 bits, read the 8-bit input with that zero point as the padding value and
+    its share subtracted per channel (before: int32 multiply-adds on an int32 copy of the input): exact
+    against ONNX Runtime, here and on each ARM profile's code under qemu. Padding with 0 instead is 3-15 off."""
     from model_factory import onnx_dynamic_convs, onnx_dynamic_matmul
 
     for make, shape in ((onnx_dynamic_convs, (1, 5, 15, 13)), (onnx_dynamic_matmul, (1, 7, 38))):
         build = compile_model(make(tmp_path / f"{make.__name__}.onnx"), profile, tmp_path / make.__name__).output_dir
         assert _dot_product_kernels(build) == (2 if make is onnx_dynamic_convs else 1)
+        if make is onnx_dynamic_convs:
+            assert b"depthwise_conv2d_8bit" in (build / "device" / "model.so").read_bytes()
         shifted = {"input": (np.random.default_rng(0).random(shape) * 3 - 0.5).astype(np.float32)}
         for inputs in (shifted, None):  # a zero point of about 42; the seeded inputs' own
             report = validate(build, on, inputs=inputs)

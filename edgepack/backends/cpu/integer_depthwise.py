@@ -8,7 +8,8 @@ constant weights, one output channel per input channel) a kernel that reads ``x_
 
     acc[n, y, x, c] = sum_{kh, kw} int32(x_q padded with z)[...] * w_q[kh, kw, c] - z * sum_{kh, kw} w_q[kh, kw, c]
 
-exact, as the int32 form. The register tile of ``schedules/conv.py`` schedules it (a window, two
+exact, as the int32 form. ``z`` is a constant, or the zero point a DynamicQuantizeLinear computed at run
+time (``quantize_dynamic``'s ConvInteger: the padding and the per-channel term read it). The register tile of ``schedules/conv.py`` schedules it (a window, two
 operands), with the widening of the 8-bit input inside its loads; the requantization after it fuses
 into its store. (QDQ MobileNetV2's first one: 0.11 ms reading 8 bits, with ``round_even.py``.)
 
@@ -22,13 +23,20 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
-from edgepack.backends.cpu.dot_product import as_int8, fusable_call, integer_input, output_size, window_of
+from edgepack.backends.cpu.dot_product import (
+    RuntimeZero,
+    as_int8,
+    fusable_call,
+    integer_input,
+    output_size,
+    window_of,
+)
 from edgepack.backends.relax_exprs import dtype_of, static_shape
 
 
-def depthwise_of_8_bits(data, weights, *, strides, padding, dilation, zero: int):
-    """The TE kernel: NHWC 8-bit ``data`` (padded with ``zero``) and ``[KH, KW, C]`` int8 ``weights``,
-    summed in int32."""
+def depthwise_of_8_bits(data, weights, *, strides, padding, dilation, zero):
+    """The TE kernel: NHWC 8-bit ``data`` (padded with ``zero``: a number, or the zero point computed at run
+    time as an int32 tensor of one element) and ``[KH, KW, C]`` int8 ``weights``, summed in int32."""
     from tvm import te, tirx
 
     n, h, w, c = (int(v) for v in data.shape)
@@ -36,11 +44,14 @@ def depthwise_of_8_bits(data, weights, *, strides, padding, dilation, zero: int)
     (sh, sw), (dh, dw) = strides, dilation
     top, left, bottom, right = padding
     oh, ow = output_size(h, w, (kh_, kw_), strides=strides, padding=padding, dilation=dilation)
+    if isinstance(zero, te.Tensor):  # the int32 of a value of the input's type
+        pad = zero[(0,) * len(zero.shape)].astype(data.dtype)
+    else:
+        pad = tirx.const(zero, data.dtype)
     padded = te.compute(
         (n, h + top + bottom, w + left + right, c),
         lambda b, y, x, ch: tirx.if_then_else(
-            tirx.all(y >= top, y < h + top, x >= left, x < w + left), data[b, y - top, x - left, ch],
-            tirx.const(zero, data.dtype)),
+            tirx.all(y >= top, y < h + top, x >= left, x < w + left), data[b, y - top, x - left, ch], pad),
         name="pad")
     ry = te.reduce_axis((0, kh_), "ry")
     rx = te.reduce_axis((0, kw_), "rx")
@@ -67,17 +78,21 @@ def depthwise_of_8_bit_inputs():
                 or dtype_of(call) != "int32" or weight.dtype != np.int8 or weight.shape[3] != 1 \
                 or int(a.groups) != channels or static_shape(call) is None:
             return None
-        found = integer_input(call.args[0], bb)
+        found = integer_input(call.args[0], bb, runtime_zero=True)
         if found is None or static_shape(found[0])[3] != channels:
             return None
         data, zero = found
+        taps = np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0))  # [KH, KW, C]
+        sums = taps.astype(np.int64).sum(axis=(0, 1))
+        window = window_of(a)
+        if isinstance(zero, RuntimeZero):  # quantize_dynamic's: padded with it, its share subtracted
+            return (fusable_call(bb, lambda x, w, z: depthwise_of_8_bits(x, w, zero=z, **window),
+                                 [data, relax.const(taps), zero.value], "depthwise_conv2d_8bit", sums,
+                                 times=zero.value), "reading 8-bit input")
         info = np.iinfo(dtype_of(data))
         if not info.min <= zero <= info.max:
             return None
-        taps = np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0))  # [KH, KW, C]
-        settings = {**window_of(a), "zero": zero}
-        compensation = zero * taps.astype(np.int64).sum(axis=(0, 1))
-        return (fusable_call(bb, lambda x, w: depthwise_of_8_bits(x, w, **settings), [data, relax.const(taps)],
-                             "depthwise_conv2d_8bit", compensation), "reading 8-bit input")
+        return (fusable_call(bb, lambda x, w: depthwise_of_8_bits(x, w, zero=zero, **window),
+                             [data, relax.const(taps)], "depthwise_conv2d_8bit", zero * sums), "reading 8-bit input")
 
     return conv2d_rewrite_pass("EdgepackDepthwiseOf8BitInputs", rewrite)
