@@ -5,6 +5,7 @@ Runtime / LiteRT within one quantization step here and where the device's code r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ MNV2_PRE = "input=image:rgb8,mean=123.7/116.3/103.5,std=58.4/57.1/57.4"
 #: (vpmaddwd) on every CPU the suite runs on, AVX-VNNI (Alder Lake, Sapphire Rapids and later) not everywhere
 X86_AVX2 = ("x86-64-avx2", "host")
 X86_AVXVNNI = pytest.param("x86-64-avxvnni", "host", marks=pytest.mark.skipif(
-    "avx_vnni" not in open("/proc/cpuinfo").read().split(),
+    "avx_vnni" not in Path("/proc/cpuinfo").read_text().split(),
     reason="this machine's CPU has no AVX-VNNI: an x86-64-avxvnni build cannot run here"))
 
 
