@@ -382,6 +382,22 @@ def test_real_models_on_vulkan_match_the_reference(lavapipe, models, vk_build, n
     assert check_gpu_build(build, "vulkan", "host-vulkan", models[name])["language"] == "wgsl"
 
 
+@pytest.mark.slow
+def test_a_dynamically_quantized_recognizer_on_vulkan_matches_onnxruntime(lavapipe, models, tmp_path):
+    """PP-OCRv2's CRNN through ``quantize_dynamic``: each activation quantized at run time by its own range,
+    so a last-bit difference at a rounding tie becomes a step, then many. At width 120 it missed ONNX
+    Runtime by 0.0078 on lavapipe: its optimiser computed a scaled int32 sum's bias and a hardswish's
+    ``+ 3`` in the other order, which WGSL allows; each such sum is now opaque to it
+    (``separate_products.py``, form "opaque")."""
+    from edgepack.compiling import compile_model
+
+    model = models["ppocr_rec_lstm_dyn8"]
+    build = compile_model(model.path, "vulkan-generic", tmp_path / "b", input_shapes={"x": (1, 3, 32, 120)})
+    assert build.manifest.extra["vulkan"]["cpu_fallback"] == []
+    report = validate(build.output_dir, "host-vulkan", seed=0)  # inputs whose activations meet such a tie
+    assert report.passed and report.outputs[0].max_abs_error < 1e-3, report.to_dict()
+
+
 def test_a_model_with_8_bit_inputs_is_refused_for_vulkan_by_name(models, tmp_path):
     """ResNet-8 takes and gives int8 tensors, which WGSL cannot declare: refused at compile time, naming
     them, with where it does compile; nothing written."""

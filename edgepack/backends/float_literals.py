@@ -59,20 +59,21 @@ def exact_float_constants():
     return float_constants
 
 
-def _pipeline():
+def _pipeline(products: str):
     import tvm
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()  # TVM's "default" for GPU targets
     return lower, finalize_host, lambda: tvm.transform.Sequential(
-        [finalize_device(), exact_float_constants(), separate_products("statement")])
+        [separate_products(products), finalize_device(), exact_float_constants()])
 
 
 @functools.cache
-def tir_pipeline() -> str:
-    """The name of the GPU builds' TIR pipeline (TVM's default, then ``exact_float_constants`` and
-    ``separate_products`` on the device kernels), registered with TVM once per process."""
+def tir_pipeline(products: str = "statement") -> str:
+    """The name of the GPU builds' TIR pipeline (TVM's default, ``separate_products`` of the given form
+    before its device lowering, ``exact_float_constants`` after), registered with TVM once per process."""
     from tvm import tirx
 
-    tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline)
-    return TIR_PIPELINE
+    name = TIR_PIPELINE if products == "statement" else f"{TIR_PIPELINE}-{products}"
+    tirx.register_tir_pipeline(name, lambda: _pipeline(products))
+    return name

@@ -330,8 +330,13 @@ class GpuBackend(Backend):
     #: Storage buffers one kernel may bind (per shader stage), or None where the API sets no such limit.
     max_storage_buffers: ClassVar[int | None] = None
 
+    #: How the kernel language keeps a scaled integer sum from fusing with what is added to it
+    #: (``separate_products.py``): "statement" where its compiler contracts only within an expression
+    scaled_sums: ClassVar[str] = "statement"
+
     def tir_pipeline(self) -> str:
-        return tir_pipeline()  # float constants exact, infinities expressible (``float_literals.py``)
+        # float constants exact, infinities expressible (``float_literals.py``), scaled sums kept apart
+        return tir_pipeline(self.scaled_sums)
 
     # --- what a GPU backend says for itself
 

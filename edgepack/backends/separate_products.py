@@ -13,7 +13,11 @@ keeps it a product of its own; LLVM still vectorizes it and still contracts ever
 OpenCL C contracts within an expression too (``FP_CONTRACT`` is on by default: PoCL fused them, and the
 CRNN's output was 0.0077 off, one 8-bit value a step off after 20 convolutions), never across statements:
 in GPU kernels each such product is bound to a variable of its own (a ``Let``, which the code generators
-print as a declaration).
+print as a declaration), before TVM's WGSL lowering would write ``a * b + c`` as ``fma``. WGSL promises
+neither: naga marks nothing exact in SPIR-V, and lavapipe's optimiser reassociated the bias and a
+hardswish's ``+ 3`` (``(p + b) + 3`` as ``(p + 3) + b``: the CRNN 0.0078 off at width 120). So in WGSL each
+sum such a product is added into is also passed through ``max(sum, -1e30)`` (form "opaque"), which no
+optimiser may look through; it changes no finite sum of these sizes.
 """
 
 from __future__ import annotations
@@ -43,16 +47,39 @@ def _bound(mul):
     return tirx.Let(product, mul, product)
 
 
+OPAQUE_FLOOR = -1e30  # below any sum of an 8-bit model's scaled products and biases
+
+
+def _bound_product(expr) -> bool:
+    from tvm import tirx
+
+    return isinstance(expr, tirx.Let) and expr.var.name == "scaled"
+
+
+def _opaque_sum(add):
+    from tvm import tirx
+
+    if not (_bound_product(add.a) or _bound_product(add.b)) or add.ty.dtype.bits != 32:
+        return add
+    return tirx.max(add, tirx.const(OPAQUE_FLOOR, str(add.ty.dtype)))
+
+
+FORMS = ("fence", "statement", "opaque")
+
+
 def separate_products(form: str = "fence"):
     """The TIR pass: every ``float(integer) * x`` kept from contraction: ``form`` "fence" (LLVM's
-    arithmetic fence: CPU builds) or "statement" (a variable of its own: OpenCL and WGSL sources)."""
+    arithmetic fence: CPU builds), "statement" (a variable of its own: OpenCL C) or "opaque" (that, and
+    each sum it is added into opaque to reassociation: WGSL)."""
     import tvm_ffi
     from tvm import tirx
 
-    rewrite = {"fence": _fenced, "statement": _bound}[form]
+    rewrites = [(tirx.Mul, _fenced if form == "fence" else _bound)]
+    if form == "opaque":
+        rewrites.append((tirx.Add, _opaque_sum))
 
     @tirx.transform.prim_func_pass(opt_level=0, name=f"edgepack.SeparateProducts.{form}")
     def separate_products_pass(func, _mod, _ctx):
-        return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.Mul, rewrite)]))
+        return func.with_body(tvm_ffi.structural_map(func.body, rewrites))
 
     return separate_products_pass

@@ -166,6 +166,7 @@ class VulkanBackend(GpuBackend):
     # the profiles' thread and workgroup-memory limits are WebGPU's defaults (lavapipe allows 32, the
     # Vulkan minimum is 4): a shader within it runs on any Vulkan GPU wgpu accepts
     max_storage_buffers = 8
+    scaled_sums = "opaque"  # naga marks nothing exact: lavapipe reassociated a bias (separate_products.py)
 
     def split_source(self, source: str) -> dict[str, str]:
         return split_shaders(source)
