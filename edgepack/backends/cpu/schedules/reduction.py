@@ -66,6 +66,9 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
     simd = cpu.lanes(int(sch.get(block).writes[0].source.dtype.bits))
     innermost = _trailing_reductions_fused(sch, block)
     extent = static_extent(sch, innermost) or 1
+    if len(sch.get_loops(block)) == 1 and extent >= PARALLEL_MIN_ELEMENTS \
+            and extent % (WHOLE_TENSOR_PARTS * simd) == 0 and _whole_tensor_in_parts(sch, block, innermost, simd):
+        return
     if sch.get(block).iter_vars[-1].iter_type != tirx.IterVar.DataPar \
             and extent >= PARTIAL_RESULTS_MIN_EXTENT * simd:
         partial = _partial_results(sch, block, innermost, simd)
@@ -86,6 +89,34 @@ def _schedule_reduction(sch, block, cpu: CpuInfo) -> None:
     if lanes > 1 and extent > lanes:
         _, chunk = sch.split(innermost, [None, lanes])
         sch.unroll(chunk)
+
+
+# a whole tensor's reduction is this many contiguous parts, across the cores (``_whole_tensor_in_parts``)
+WHOLE_TENSOR_PARTS = 8
+
+
+def _whole_tensor_in_parts(sch, block, row, simd: int) -> bool:
+    """A reduction of a whole tensor (``row``: all its loops fused) as ``WHOLE_TENSOR_PARTS`` contiguous parts
+    across the cores, each reduced in ``simd`` partial results, then those combined. On one core, the
+    min and max of the dynamically quantized CRNN's activations (x11 each, 160K values) got slower with
+    2 threads than with 1 (0.12 -> 0.20 ms): the other core had written them. False where ``rfactor``
+    does not take the block (nothing is changed then)."""
+    trial = sch.copy()
+    parts, chunks, lane = trial.split(row, [WHOLE_TENSOR_PARTS, None, simd])
+    trial.reorder(parts, lane, chunks)
+    try:
+        partial = trial.rfactor(trial.fuse(parts, lane), 0)
+    except Exception:  # noqa: BLE001 - a ScheduleError: a reducer rfactor does not take (argmax's pairs)
+        return False
+    parts, chunks, lane = sch.split(row, [WHOLE_TENSOR_PARTS, None, simd])
+    sch.reorder(parts, lane, chunks)
+    partial = sch.rfactor(sch.fuse(parts, lane), 0)
+    both, chunks = sch.get_loops(partial)
+    parts, lane = sch.split(both, [WHOLE_TENSOR_PARTS, simd])
+    sch.reorder(parts, chunks, lane)
+    sch.parallel(parts)
+    sch.vectorize(lane)
+    return True
 
 
 def _trailing_reductions_fused(sch, block):
