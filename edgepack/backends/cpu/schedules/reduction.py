@@ -105,7 +105,7 @@ def _whole_tensor_in_parts(sch, block, row, simd: int) -> bool:
     parts, chunks, lane = trial.split(row, [WHOLE_TENSOR_PARTS, None, simd])
     trial.reorder(parts, lane, chunks)
     try:
-        partial = trial.rfactor(trial.fuse(parts, lane), 0)
+        trial.rfactor(trial.fuse(parts, lane), 0)
     except Exception:  # noqa: BLE001 - a ScheduleError: a reducer rfactor does not take (argmax's pairs)
         return False
     parts, chunks, lane = sch.split(row, [WHOLE_TENSOR_PARTS, None, simd])
