@@ -90,6 +90,23 @@ def _register(dot: DotProduct) -> None:
     if dot.name in _REGISTERED:
         return
     from tvm.s_tir import TensorIntrin
+
+    if dot is SMULL:
+        impl = _widening_impl("llvm.aarch64.neon.smull.v8i16", _aarch64_accumulate)
+    elif dot is VMULL:
+        impl = _widening_impl("llvm.arm.neon.vmulls.v8i16", _armv7_accumulate)
+    elif dot is PMADDWD:
+        impl = _pmaddwd_impl()
+    else:
+        impl = _instruction_impl(dot)
+    TensorIntrin.register(dot.name, _pairs_desc(dot.lanes, dot.data_dtype) if dot.pairs else _desc(dot),
+                          impl, override=True)
+    _REGISTERED.add(dot.name)
+
+
+def _desc(dot: DotProduct):
+    """What one instruction computes: ``lanes`` int32 sums, each of 4 products of the input and that lane's
+    4 weights (stored lane by lane, ``[L, 4]``)."""
     from tvm.script import tirx as T
 
     lanes, dtype = dot.lanes, dot.data_dtype
@@ -107,20 +124,17 @@ def _register(dot: DotProduct) -> None:
                     vi, vk = T.axis.remap("SR", [i, k])
                     C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
 
-    if dot in (SMULL, VMULL):
-        impl = _widening_impl("llvm.aarch64.neon.smull.v8i16", _aarch64_accumulate) if dot is SMULL \
-            else _widening_impl("llvm.arm.neon.vmulls.v8i16", _armv7_accumulate)
-        TensorIntrin.register(dot.name, desc, impl, override=True)
-        _REGISTERED.add(dot.name)
-        return
-    if dot is PMADDWD:
-        TensorIntrin.register(dot.name, _pairs_desc(lanes, dtype), _pmaddwd_impl(), override=True)
-        _REGISTERED.add(dot.name)
-        return
+    return desc
 
-    # LLVM 22's intrinsics take the 8-bit operands as byte vectors (TVM's own VNNI intrinsic passes
-    # them as int32x16 and fails LLVM's verifier); AVX-VNNI's is AVX-512 VNNI's 256-bit one, which LLVM
-    # encodes as VEX where the CPU has no AVX-512
+
+def _instruction_impl(dot: DotProduct):
+    """VNNI's, AVX-VNNI's and sdot's intrinsic: the 4 input bytes broadcast to every lane, one instruction.
+    LLVM 22's intrinsics take the 8-bit operands as byte vectors (TVM's own VNNI intrinsic passes them as
+    int32x16 and fails LLVM's verifier); AVX-VNNI's is AVX-512 VNNI's 256-bit one, which LLVM encodes as VEX
+    where the CPU has no AVX-512."""
+    from tvm.script import tirx as T
+
+    lanes, dtype = dot.lanes, dot.data_dtype
     intrinsic = {VNNI: "llvm.x86.avx512.vpdpbusd.512", AVX_VNNI: "llvm.x86.avx512.vpdpbusd.256",
                  SDOT: "llvm.aarch64.neon.sdot.v4i32.v16i8"}[dot]
     data_vector, weight_vector, acc_vector = f"{dtype}x{4 * lanes}", f"int8x{4 * lanes}", f"int32x{lanes}"
@@ -142,8 +156,7 @@ def _register(dot: DotProduct) -> None:
                 dtype=acc_vector,
             )
 
-    TensorIntrin.register(dot.name, desc, impl, override=True)
-    _REGISTERED.add(dot.name)
+    return impl
 
 
 def _widening_impl(multiply: str, accumulate):
