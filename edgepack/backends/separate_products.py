@@ -30,10 +30,17 @@ def _integer_as_float(expr) -> bool:
         and expr.value.ty.dtype.bits >= 32  # int32 sums (8-bit values converted to float are exact in any order)
 
 
+def _scaled_sum(expr) -> bool:
+    """Whether ``expr`` is a product of an integer converted to float."""
+    from tvm import tirx
+
+    return isinstance(expr, tirx.Mul) and (_integer_as_float(expr.a) or _integer_as_float(expr.b))
+
+
 def _fenced(mul):
     from tvm import tirx
 
-    if not (_integer_as_float(mul.a) or _integer_as_float(mul.b)):
+    if not _scaled_sum(mul):
         return mul
     return tirx.call_llvm_pure_intrin(str(mul.ty.dtype), "llvm.arithmetic.fence", mul)
 
@@ -41,7 +48,7 @@ def _fenced(mul):
 def _bound(mul):
     from tvm import tirx
 
-    if not (_integer_as_float(mul.a) or _integer_as_float(mul.b)):
+    if not _scaled_sum(mul):
         return mul
     product = tirx.Var("scaled", str(mul.ty.dtype))
     return tirx.Let(product, mul, product)
@@ -51,9 +58,10 @@ OPAQUE_FLOOR = -1e30  # below any sum of an 8-bit model's scaled products and bi
 
 
 def _bound_product(expr) -> bool:
+    """Whether ``expr`` is a scaled sum that ``_bound`` gave a variable of its own."""
     from tvm import tirx
 
-    return isinstance(expr, tirx.Let) and expr.var.name == "scaled"
+    return isinstance(expr, tirx.Let) and _scaled_sum(expr.value) and expr.body.same_as(expr.var)
 
 
 def _opaque_sum(add):
@@ -62,9 +70,6 @@ def _opaque_sum(add):
     if not (_bound_product(add.a) or _bound_product(add.b)) or add.ty.dtype.bits != 32:
         return add
     return tirx.max(add, tirx.const(OPAQUE_FLOOR, str(add.ty.dtype)))
-
-
-FORMS = ("fence", "statement", "opaque")
 
 
 def separate_products(form: str = "fence"):

@@ -101,16 +101,16 @@ def _whole_tensor_in_parts(sch, block, row, simd: int) -> bool:
     min and max of the dynamically quantized CRNN's activations (x11 each, 160K values) got slower with
     2 threads than with 1 (0.12 -> 0.20 ms): the other core had written them. False where ``rfactor``
     does not take the block (nothing is changed then)."""
-    trial = sch.copy()
-    parts, chunks, lane = trial.split(row, [WHOLE_TENSOR_PARTS, None, simd])
-    trial.reorder(parts, lane, chunks)
+    def partial_results(s):  # each part's lanes as one loop, factored out of the reduction
+        parts, chunks, lane = s.split(row, [WHOLE_TENSOR_PARTS, None, simd])
+        s.reorder(parts, lane, chunks)
+        return s.rfactor(s.fuse(parts, lane), 0)
+
     try:
-        trial.rfactor(trial.fuse(parts, lane), 0)
+        partial_results(sch.copy())
     except Exception:  # noqa: BLE001 - a ScheduleError: a reducer rfactor does not take (argmax's pairs)
         return False
-    parts, chunks, lane = sch.split(row, [WHOLE_TENSOR_PARTS, None, simd])
-    sch.reorder(parts, lane, chunks)
-    partial = sch.rfactor(sch.fuse(parts, lane), 0)
+    partial = partial_results(sch)
     both, chunks = sch.get_loops(partial)
     parts, lane = sch.split(both, [WHOLE_TENSOR_PARTS, simd])
     sch.reorder(parts, chunks, lane)
