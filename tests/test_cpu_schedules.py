@@ -76,6 +76,10 @@ def test_cpu_info_reads_the_target_not_this_machine():
                                                                                                  "smull")
     assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"}).dot_product == "sdot"
     assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}).dot_product == "smull"
+    # Armv9 cores have the 8-bit matrix multiply (+i8mm); a profile can also declare it
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a720"}).dot_product == "smmla"
+    assert info({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76",
+                 "mattr": ["+i8mm"]}).dot_product == "smmla"
     rpi3 = {"kind": "llvm", "mtriple": "armv7a-unknown-linux-gnueabihf", "mcpu": "cortex-a53",
             "mattr": ["+neon", "+vfp4", "+thumb2"], "mfloat-abi": "hard"}
     assert info(rpi3) == CpuInfo("arm", 128, 16, "vmull")

@@ -20,6 +20,8 @@ MNV2_PRE = "input=image:rgb8,mean=123.7/116.3/103.5,std=58.4/57.1/57.4"
 #: x86 profiles other than this machine's run here natively where this CPU has what they use: AVX2
 #: (vpmaddwd) on every CPU the suite runs on, AVX-VNNI (Alder Lake, Sapphire Rapids and later) not everywhere
 X86_AVX2 = ("x86-64-avx2", "host")
+#: Armv9 with the 8-bit matrix multiply (smmla), under qemu's "max" CPU, which has it
+ORION = ("orion-o6", "emulator")
 X86_AVXVNNI = pytest.param("x86-64-avxvnni", "host", marks=pytest.mark.skipif(
     "avx_vnni" not in Path("/proc/cpuinfo").read_text().split(),
     reason="this machine's CPU has no AVX-VNNI: an x86-64-avxvnni build cannot run here"))
@@ -76,7 +78,7 @@ def test_quantize_cli_from_an_npz_with_json_and_a_float_operator(models, calibra
 
 
 @pytest.mark.parametrize("profile,on", [("host", "host"), ("rpi5", "emulator"), ("rpi4", "emulator"),
-                                        ("rpi3", "emulator")])
+                                        ("rpi3", "emulator"), ORION])
 @pytest.mark.slow
 def test_a_quantized_model_runs_on_integer_kernels_and_matches_onnxruntime(quantized, models, profile, on,
                                                                           tmp_path):
@@ -95,7 +97,7 @@ def test_a_quantized_model_runs_on_integer_kernels_and_matches_onnxruntime(quant
 
 
 @pytest.mark.parametrize("profile,on", [("host", "host"), X86_AVX2, ("rpi5", "emulator"), ("rpi4", "emulator"),
-                                        ("rpi3", "emulator")])
+                                        ("rpi3", "emulator"), ORION])
 @pytest.mark.slow
 def test_a_tflite_int8_model_matches_litert(models, build_cache, profile, on):
     """MLPerf Tiny's ResNet-8: int8 in, int8 out, per-channel weights (it missed LiteRT by 15 steps: its
@@ -114,14 +116,16 @@ def _dot_product_kernels(build) -> int:
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 @pytest.mark.parametrize("profile,on", [("host", "host"), X86_AVX2, X86_AVXVNNI, ("rpi5", "emulator"),
-                                        ("rpi4", "emulator"), ("rpi3", "emulator")])
+                                        ("rpi4", "emulator"), ("rpi3", "emulator"), ORION])
 def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, profile, on, tmp_path):
     """5 input channels (padded to 8 for 4-byte groups), asymmetric padding, stride 2, dilation 2, 1x1;
     activations with a zero point away from 0 (the padding's share subtracted), int8 (VNNI's unsigned
     operand: +128) and uint8 (sdot's signed one: -128). rpi5 (Cortex-A76, emulated as one) runs sdot;
     rpi4 (Cortex-A72, no dot product, emulated as one: an sdot there would not run) and rpi3 (armv7) the
     widening sequences (smull/addp/sadalp, vmull/vpadd/vpadal); x86-64-avx2 vpmaddwd on 16-bit inputs and
-    weights stored by channel pairs, x86-64-avxvnni 256-bit vpdpbusd."""
+    weights stored by channel pairs, x86-64-avxvnni 256-bit vpdpbusd; orion-o6 (Armv9, +i8mm) smmla, 2
+    pixels x 2 channels at a time, and sdot for the strided convolution. With smmla's operands swapped (the
+    2 x 2 block transposed) the orion-o6 cases miss by 255 steps."""
     from model_factory import onnx_qdq_convs
 
     from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -137,7 +141,7 @@ def test_convolutions_of_every_form_on_dot_products_match_onnxruntime(dtype, pro
 
 
 @pytest.mark.parametrize("profile,on", [("host", "host"), X86_AVX2, ("rpi5", "emulator"), ("rpi4", "emulator"),
-                                        ("rpi3", "emulator")])
+                                        ("rpi3", "emulator"), ORION])
 def test_products_with_a_zero_point_known_at_run_time_run_on_dot_products(profile, on, tmp_path):
     """``quantize_dynamic``'s form: DynamicQuantizeLinear's uint8 and its run-time zero point into a
     ConvInteger, or a MatMulInteger (a 1x1 convolution of its rows). The dot-product kernels, and the
@@ -194,7 +198,8 @@ def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, bui
     """The rpi5 build (Cortex-A76: +dotprod) computes ResNet-8's convolutions with sdot; the rpi4 build
     (Cortex-A72) has none and widens instead (smull, addp, sadalp), as the rpi3 build does in armv7's
     (vmull.s8, vpadd.i16, vpadal.s16); the host build uses AVX-512 VNNI where this CPU has it, the
-    x86-64-avx2 build vpmaddwd and the x86-64-avxvnni build VEX-encoded vpdpbusd."""
+    x86-64-avx2 build vpmaddwd and the x86-64-avxvnni build VEX-encoded vpdpbusd; the orion-o6 build (+i8mm)
+    smmla, and sdot for its strided convolutions."""
     import shutil
 
     from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -202,7 +207,9 @@ def test_the_dot_product_instructions_are_in_the_convolution_kernels(models, bui
 
     model = models["resnet8_int8"]
     rpi5 = _instructions(build_cache(model, "rpi5") / "device" / "model.so", "aarch64-linux-gnu-objdump")
-    assert rpi5.get("sdot", 0) >= 100, rpi5
+    assert rpi5.get("sdot", 0) >= 100 and rpi5.get("smmla", 0) == 0, rpi5
+    orion = _instructions(build_cache(model, "orion-o6") / "device" / "model.so", "aarch64-linux-gnu-objdump")
+    assert orion.get("smmla", 0) >= 100 and orion.get("sdot", 0) >= 10, orion
     rpi4 = _instructions(build_cache(model, "rpi4") / "device" / "model.so", "aarch64-linux-gnu-objdump")
     assert rpi4.get("sdot", 0) == 0, rpi4
     assert min(rpi4.get("smull", 0) + rpi4.get("smull2", 0), rpi4.get("addp", 0), rpi4.get("sadalp", 0)) >= 100, rpi4

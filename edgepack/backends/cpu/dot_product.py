@@ -56,14 +56,15 @@ def output_size(h: int, w: int, kernel: tuple[int, int], *, strides, padding, di
 
 
 def packed_weights(weights_ohwi: np.ndarray, dot: DotProduct) -> np.ndarray:
-    """OHWI int8 weights as ``[KH, KW, C/4, O, 4]``, the input channels padded to a multiple of 4 with
-    zeros; for an instruction that reads them by pairs of channels (``DotProduct.pairs``) as
-    ``[KH, KW, C/4, O/L, 2, L, 2]``."""
+    """OHWI int8 weights as ``[KH, KW, C/D, O, D]`` (``D = dot.depth`` input channels per instruction: 4,
+    or 8 for a matrix instruction), the input channels padded to a multiple of D with zeros; for an
+    instruction that reads them by pairs of channels (``DotProduct.pairs``) as ``[KH, KW, C/4, O/L, 2, L, 2]``."""
     o, kh, kw, c = weights_ohwi.shape
-    cp = -(-c // 4) * 4
+    depth = dot.depth
+    cp = -(-c // depth) * depth
     grown = np.zeros((o, kh, kw, cp), np.int8)
     grown[..., :c] = weights_ohwi
-    packed = grown.reshape(o, kh, kw, cp // 4, 4).transpose(1, 2, 3, 0, 4)
+    packed = grown.reshape(o, kh, kw, cp // depth, depth).transpose(1, 2, 3, 0, 4)
     if dot.pairs:
         packed = packed.reshape(kh, kw, cp // 4, o // dot.lanes, dot.lanes, 2, 2).transpose(0, 1, 2, 3, 5, 4, 6)
     return np.ascontiguousarray(packed)
@@ -81,14 +82,14 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value, shi
     (sh, sw), (dh, dw) = strides, dilation
     oh, ow = output_size(h, w, (kh_, kw_), strides=strides, padding=padding, dilation=dilation)
 
-    if not any(padding) and c % 4 == 0 and not shift and data.dtype == dot.data_dtype:
+    if not any(padding) and c % dot.depth == 0 and not shift and data.dtype == dot.data_dtype:
         padded = data  # already the operand: read in place
     else:
         padded = _padded(data, padding, blocks, pad_value, shift, dot)
     ry = te.reduce_axis((0, kh_), "ry")
     rx = te.reduce_axis((0, kw_), "rx")
     rb = te.reduce_axis((0, blocks), "rb")
-    rc = te.reduce_axis((0, 4), "rc")
+    rc = te.reduce_axis((0, dot.depth), "rc")
 
     def weight(k):
         if dot.pairs:
@@ -98,7 +99,7 @@ def dot_convolution(data, weights, *, strides, padding, dilation, pad_value, shi
     return te.compute(
         (n, oh, ow, o),
         lambda b, y, x, k: te.sum(
-            padded[b, y * sh + ry * dh, x * sw + rx * dw, rb * 4 + rc].astype("int32") * weight(k).astype("int32"),
+            padded[b, y * sh + ry * dh, x * sw + rx * dw, rb * dot.depth + rc].astype("int32") * weight(k).astype("int32"),
             axis=[ry, rx, rb, rc]),
         name="dot_conv", attrs={DOT_PRODUCT_ATTR: dot.name})
 
@@ -211,6 +212,7 @@ def _dot_call(bb, data, zero, weight: np.ndarray, window: dict, dot: DotProduct)
     ``weight`` on ``dot``, or None where the instruction cannot take it."""
     from tvm import relax
 
+    dot = _taken(dot, static_shape(data), weight.shape[1:3], window)
     if weight.dtype != np.int8 or int(weight.min()) < dot.weight_min:
         return None
     out_channels = int(weight.shape[0])
@@ -238,6 +240,18 @@ def _dot_call(bb, data, zero, weight: np.ndarray, window: dict, dot: DotProduct)
     return acc
 
 
+def _taken(dot: DotProduct, shape, kernel, window: dict) -> DotProduct:
+    """The instruction a convolution of an NHWC input of ``shape`` with a ``kernel`` (KH, KW) window runs
+    on: ``dot``, or its fallback where ``dot`` computes several pixels of a row at a time (``smmla``: 2)
+    and the window is strided (those pixels' inputs are not one stride apart) or the rows hold an odd
+    number of them."""
+    if dot.pixels == 1 or dot.fallback is None:
+        return dot
+    _, h, w, _ = shape
+    width = output_size(h, w, kernel, **window)[1]
+    return dot if window["strides"][1] == 1 and width % dot.pixels == 0 else dot.fallback
+
+
 def as_int8(weight: np.ndarray) -> np.ndarray:
     """Integer weights widened on import (ONNX's QLinearConv: int32) back in int8 where they fit."""
     narrow = narrow_integers(weight)
@@ -263,8 +277,8 @@ def fusable_call(bb, te_func, args, name: str, compensation: np.ndarray, times=N
 
 def _padded(data, padding, blocks: int, pad_value, shift: int, dot: DotProduct):
     """``data`` + ``shift`` as the instruction's operand type, padded with ``pad_value`` (a number, or an
-    int32 tensor of one element that ``shift`` is added to) and to ``blocks`` groups of 4 channels (copies
-    of the last one: their weights are zero)."""
+    int32 tensor of one element that ``shift`` is added to) and to ``blocks`` groups of ``dot.depth``
+    channels (copies of the last one: their weights are zero)."""
     from tvm import te, tirx
 
     n, h, w, c = (int(v) for v in data.shape)
@@ -278,7 +292,7 @@ def _padded(data, padding, blocks: int, pad_value, shift: int, dot: DotProduct):
     else:
         pad = tirx.const(pad_value, dot.data_dtype)
     return te.compute(
-        (n, h + top + bottom, w + left + right, blocks * 4),
+        (n, h + top + bottom, w + left + right, blocks * dot.depth),
         lambda b, y, x, ch: tirx.if_then_else(
             tirx.all(y >= top, y < h + top, x >= left, x < w + left),
             shifted(data[b, tirx.max(tirx.min(y - top, h - 1), 0), tirx.max(tirx.min(x - left, w - 1), 0),

@@ -9,7 +9,8 @@
         Y[tile] = epilogue(acc)                                 # requantization, activation: vectorized
 
 Each ``dot`` is one instruction (``tensorize``): 4 input channels of one pixel broadcast against the
-L x 4 packed weights of L output channels.
+L x 4 packed weights of L output channels. A matrix instruction (``smmla``, ``DotProduct.pixels`` 2) takes
+2 pixels x 8 input channels against 2 output channels' 8 weights into a 2 x 2 block of accumulators.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ class DotProduct:
     #: the L x 4 weights of one instruction stored as channels 0-1 of every lane, then 2-3 (``[2, L, 2]``)
     #: rather than lane by lane (``[L, 4]``): ``cpu/dot_product.py``'s packing, this kernel's reading
     pairs: bool = False
+    #: pixels one instruction computes (a matrix instruction's rows: 2 for ``smmla``), and the input
+    #: channels it sums per output (``depth``)
+    pixels: int = 1
+    depth: int = 4
+    #: where the kernel cannot take this instruction (a strided window, an odd row for 2 pixels at a
+    #: time), the one it takes instead
+    fallback: DotProduct | None = None
 
 
 VNNI = DotProduct("edgepack_vnni_16x4_u8i8i32", 16, "uint8")
@@ -71,8 +79,13 @@ AVX_VNNI = DotProduct("edgepack_avxvnni_8x4_u8i8i32", 8, "uint8")
 #: 2 x 255 x 127 does not fit.
 PMADDWD = DotProduct("edgepack_pmaddwd_8x4_i16i8i32", 8, "int16", weight_registers=2, scratch_registers=3,
                      pairs=True)
-INSTRUCTIONS = {"vnni": VNNI, "avxvnni": AVX_VNNI, "pmaddwd": PMADDWD, "sdot": SDOT, "smull": SMULL,
-                "vmull": VMULL}
+#: Armv8.6's 8-bit matrix multiply (``+i8mm``: Cortex-A510/A710/X2 and later): ``smmla`` sums 2 x 2
+#: outputs of 8 products each, 32 multiply-adds per instruction to ``sdot``'s 16, at the same issue rate
+#: on those cores. Its operands: 2 pixels' 8 input channels (two 8-byte loads), 2 output channels' 8
+#: weights (one 16-byte load); its accumulator a 2 x 2 block.
+SMMLA = DotProduct("edgepack_smmla_2x2x8_i8i8i32", 2, "int8", pixels=2, depth=8, fallback=SDOT)
+INSTRUCTIONS = {"vnni": VNNI, "avxvnni": AVX_VNNI, "pmaddwd": PMADDWD, "smmla": SMMLA, "sdot": SDOT,
+                "smull": SMULL, "vmull": VMULL}
 
 
 def dot_product_of(cpu: CpuInfo) -> DotProduct | None:
@@ -91,6 +104,10 @@ def _register(dot: DotProduct) -> None:
         return
     from tvm.s_tir import TensorIntrin
 
+    if dot is SMMLA:
+        TensorIntrin.register(dot.name, _matrix_desc(), _smmla_impl(), override=True)
+        _REGISTERED.add(dot.name)
+        return
     if dot is SMULL:
         impl = _widening_impl("llvm.aarch64.neon.smull.v8i16", _aarch64_accumulate)
     elif dot is VMULL:
@@ -236,6 +253,57 @@ def _pmaddwd_impl():
     return impl
 
 
+def _matrix_desc():
+    """What one ``smmla`` computes: a 2 x 2 block of int32 sums (2 pixels x 2 output channels, stored
+    together: ``DotProductConv`` lays the accumulators out by blocks), each of 8 products of a pixel's 8
+    input channels (its row of ``A``; the pixels one input row apart) and an output channel's 8 weights
+    (its row of ``B``, stored channel by channel)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[T.int32(), 1])
+        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
+        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            for i, j, k in T.grid(2, 2, 8):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vj, vk])
+
+    return desc
+
+
+def _smmla_impl():
+    """SMMLA's intrinsic: the two pixels' 8 bytes side by side (a 2 x 8 matrix), the two channels' 16
+    weight bytes as they are stored (the other 2 x 8), the accumulator block as one vector in the order
+    ``smmla`` sums into (``[p0 c0, p0 c1, p1 c0, p1 c1]``)."""
+    from tvm.script import tirx as T
+
+    smmla = T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8")
+    sa = T.int32()
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
+        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            C[0, T.ramp(T.int32(0), 1, 4)] = T.call_llvm_pure_intrin(
+                smmla,
+                C.vload([0, 0], dtype="int32x4"),
+                T.Shuffle([A.vload([0, 0], dtype="int8x8"), A.vload([1, 0], dtype="int8x8")], list(range(16))),
+                B.vload([0, 0], dtype="int8x16"),
+                dtype="int32x4",
+            )
+
+    return impl
+
+
 def _aarch64_accumulate(acc, low, high):
     """SMULL's: the products' pairs added (``addp``: 4 sums per half, 8 in all), their pairs added into the
     accumulator (``saddlp`` + add, which LLVM emits as one ``sadalp``)."""
@@ -259,16 +327,23 @@ def _armv7_accumulate(acc, low, high):
 
 
 def register_tile(width: int, blocks: int, cpu: CpuInfo, dot: DotProduct) -> tuple[int, int]:
-    """(pixels, vectors) of a tile: pixels dividing the row's ``width``, vectors (powers of two) the
-    output channels' ``blocks``, at most ``cpu.accumulators`` accumulators, and with the vectors' weights
+    """(pixels, vectors) of a tile: pixels dividing the row's ``width`` (in ``dot.pixels`` at a time),
+    vectors (powers of two) the output channels' ``blocks``, at most ``cpu.accumulators`` accumulators
+    (one per instruction of the tile), and with the vectors' weights, a matrix instruction's pixel operands
     and ``dot``'s other operands within the CPU's vector registers (AVX2's 16: PMADDWD's weights take two
-    each, and a tile of 2 x 4 spilled); the most instructions per operand
-    loaded (p * v dot products read p inputs and v weight vectors), then the most vectors. ResNet-50's
-    7x7 stage took 1 pixel x 4 vectors with the vectors chosen first (100 GOP/s); 7 x 2 runs at ~400."""
-    shapes = [(p, v) for p in range(1, min(width, MAX_PIXELS) + 1) if width % p == 0
-              for v in (1, 2, 4, 8) if v <= MAX_VECTORS and blocks % v == 0 and p * v <= cpu.accumulators
-              and p * v + v * dot.weight_registers + dot.scratch_registers <= cpu.vector_registers]
-    return max(shapes, key=lambda pv: (pv[0] * pv[1] / (pv[0] + pv[1]), pv[1]))
+    each, and a tile of 2 x 4 spilled); the most instructions per operand loaded (g pixel groups x v
+    vectors read g inputs and v weight vectors), then the most vectors. ResNet-50's 7x7 stage took 1 pixel
+    x 4 vectors with the vectors chosen first (100 GOP/s); 7 x 2 runs at ~400."""
+    step = dot.pixels
+    operands = 1 if step > 1 else 0  # a matrix instruction's pixels take a register per group
+
+    def fits(groups: int, v: int) -> bool:
+        return groups * v <= cpu.accumulators and groups * v + v * dot.weight_registers + groups * operands \
+            + dot.scratch_registers <= cpu.vector_registers
+
+    shapes = [(p, v) for p in range(step, min(width, MAX_PIXELS) + 1, step) if width % p == 0
+              for v in (1, 2, 4, 8) if v <= MAX_VECTORS and blocks % v == 0 and fits(p // step, v)]
+    return max(shapes, key=lambda pv: (pv[0] // step * pv[1] / (pv[0] // step + pv[1]), pv[1]))
 
 
 class DotProductConv(CpuRule):
@@ -294,26 +369,37 @@ class DotProductConv(CpuRule):
         x_outer, x_inner = sch.split(x, [None, pixels])
         o_outer, o_lanes = sch.split(o, [None, lanes])
         o_tiles, o_vectors = sch.split(o_outer, [None, vectors])
-        sch.reorder(n, y, x_outer, o_tiles, ky, kx, kb, x_inner, o_vectors, o_lanes, kc)
+        if dot.pixels > 1:  # a matrix instruction: its pixels innermost but for its channels and depth
+            x_groups, x_pixels = sch.split(x_inner, [None, dot.pixels])
+            sch.reorder(n, y, x_outer, o_tiles, ky, kx, kb, x_groups, o_vectors, x_pixels, o_lanes, kc)
+            instruction, unrolled = x_pixels, (x_groups, o_vectors)
+        else:
+            sch.reorder(n, y, x_outer, o_tiles, ky, kx, kb, x_inner, o_vectors, o_lanes, kc)
+            instruction, unrolled = o_lanes, (x_inner, o_vectors)
         fused = sch.fuse(n, y, x_outer, o_tiles)
         multiply_adds = prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars)
         if (static_extent(sch, fused) or 1) > 1 and multiply_adds >= PARALLEL_MIN_DOT_PRODUCTS * 4:
             sch.parallel(fused)
 
         write_back, cropped = cache_with_epilogue(sch, block, "global")  # tensorize needs a global buffer
+        if dot.pixels > 1:  # each instruction's accumulators side by side: one vector, as it sums them
+            sch.transform_layout(block, ("write", 0), lambda n_, y_, x_, o_: (n_, y_, x_ // dot.pixels, o_ // lanes,
+                                                                            x_ % dot.pixels, o_ % lanes))
         sch.reverse_compute_at(write_back, fused)
         # the input's padded, shifted copy (where it needs one) made once, in a pass of its own
         # (``schedule_leftovers``): made per tile, QDQ MobileNetV2 ran 6% slower at one thread
 
         init = sch.decompose_reduction(block, ky)
-        sch.tensorize(o_lanes, intrin)
-        sch.unroll(x_inner)
-        sch.unroll(o_vectors)
-        init_loops = sch.get_loops(init)
-        sch.vectorize(init_loops[-1])
-        for loop in init_loops[-3:-1]:
+        sch.tensorize(instruction, intrin)
+        for loop in unrolled:
             sch.unroll(loop)
-        store_tile(sch, write_back, sch.get_loops(write_back)[1:], lanes, lanes, cropped)
+        init_loops = sch.get_loops(init)  # the tile's loops under ``fused``
+        sch.vectorize(init_loops[-1])
+        for loop in init_loops[1:-1]:
+            sch.unroll(loop)
+        # stored in whole vectors of the tile's rows (a matrix instruction's rows are 2 lanes wide)
+        store = lanes if dot.pixels == 1 else max(d for d in (1, 2, 4) if d <= cpu.lanes(32) and vectors * lanes % d == 0)
+        store_tile(sch, write_back, sch.get_loops(write_back)[1:], store, store, cropped)
         schedule_leftovers(sch, fused, cpu)
         return True
 

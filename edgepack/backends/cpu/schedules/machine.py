@@ -17,7 +17,8 @@ class CpuInfo:
     vector_bits: int  # 128 (SSE, NEON), 256 (AVX2), 512 (AVX-512)
     vector_registers: int  # architectural SIMD registers: 16 or 32
     #: 8-bit dot-product instruction: "vnni" (AVX-512 VNNI), "avxvnni" (its 256-bit VEX form), "sdot" (aarch64
-    #: +dotprod); widening sequences (``schedules/dot_product.py``): "pmaddwd" (AVX2), "smull" (aarch64
+    #: +dotprod), "smmla" (aarch64 +i8mm: 8-bit matrix multiply); widening sequences
+    #: (``schedules/dot_product.py``): "pmaddwd" (AVX2), "smull" (aarch64
     #: without the dot product), "vmull" (armv7 NEON); None
     dot_product: str | None = None
 
@@ -28,7 +29,8 @@ class CpuInfo:
         features = {str(f) for f in codegen.llvm_get_cpu_features(target)}
         triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
         if triple.startswith(("aarch64", "arm64")):
-            return cls("aarch64", 128, 32, "sdot" if "dotprod" in features else "smull")
+            dot = "smmla" if "i8mm" in features else "sdot" if "dotprod" in features else "smull"
+            return cls("aarch64", 128, 32, dot)
         if triple.startswith(("arm", "thumb")):
             neon = "neon" in features
             return cls("arm", 128 if neon else 32, 16, "vmull" if neon else None)
