@@ -3,7 +3,7 @@
 A build for rpi4 or rpi3 cannot be timed here (qemu's speed says nothing about a Cortex-A72's), so this
 reads the device library's code instead: every innermost loop (a backward branch with no other inside it)
 that multiplies, its multiply-adds per iteration counted from the instructions (integer: ``mla``/``mul``
-.4s 4, ``smull``/``vmull.s8`` 8, ``sdot`` 16; float with ``--kind float``: ``fmla`` .4s 4), and its cycles per iteration from LLVM's
+.4s 4, ``smull``/``vmull.s8`` 8, ``sdot`` 16, ``smmla`` 32; float with ``--kind float``: ``fmla`` .4s 4), and its cycles per iteration from LLVM's
 machine-code analyser (``llvm-mca``, the ``llvm`` package) with the CPU's scheduling model. The result is
 multiply-adds per cycle: a comparison of two builds' kernels, not a prediction of a model's time (memory,
 loop overheads outside the innermost loops and threads are not in it).
@@ -26,7 +26,7 @@ TOOLS = {"aarch64": ("aarch64-linux-gnu-objdump", "aarch64", "cortex-a72"),
          "arm": ("arm-linux-gnueabihf-objdump", "armv7a", "cortex-a57")}
 #: (pattern, multiply-adds, kind) of the instructions counted
 MACS = [(re.compile(r"^[su]mull2?$|^[su]mlal2?$|^vmull\.[su]8$|^vmlal\.[su]8$"), 8, "integer"),
-        (re.compile(r"^[su]dot$"), 16, "integer"), (re.compile(r"^mla$|^mul$|^vmla\.i32$|^vmul\.i32$"), 4, "integer"),
+        (re.compile(r"^[su]dot$"), 16, "integer"), (re.compile(r"^[su]mmla$"), 32, "integer"), (re.compile(r"^mla$|^mul$|^vmla\.i32$|^vmul\.i32$"), 4, "integer"),
         (re.compile(r"^fmla$|^fmul$|^vmla\.f32$|^vmul\.f32$|^vfma\.f32$"), 4, "float")]
 BRANCH = re.compile(r"^(b|b\.\w+|b(eq|ne|lt|gt|le|ge|hi|ls|cc|cs|mi|pl)|cbn?z|tbn?z)$")
 

@@ -1,6 +1,8 @@
 """8-bit convolutions on the CPU's dot-product instructions: AVX-512 VNNI and AVX-VNNI (``vpdpbusd``) on x86
-and ``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones), and
-on widening multiplies where there is none: AVX2's ``vpmaddwd`` on 16-bit pairs, NEON's (Cortex-A72: rpi4;
+and ``sdot`` on aarch64 CPUs with the dot-product extension (Cortex-A76 and later: rpi5, recent phones),
+``smmla`` on those with the 8-bit matrix multiply (+i8mm, Armv9 cores: 2 pixels x 2 channels x 8 input
+channels per instruction, ``[KH, KW, C/8, O, 8]`` weights; sdot where a strided window or an odd row rules
+it out), and on widening multiplies where there is none: AVX2's ``vpmaddwd`` on 16-bit pairs, NEON's (Cortex-A72: rpi4;
 armv7: rpi3; ``schedules/dot_product.py``'s PMADDWD, SMULL and VMULL, the last two taking no weight of -128).
 
 ``backends/integer.py`` turns an 8-bit convolution into an exact int32 one, ``conv2d(int32(x_q) - z, w_q)``. As
@@ -172,8 +174,8 @@ def dot_product_convolutions(cpu: CpuInfo):
                 or static_shape(call) is None:
             return None
         found = integer_input(call.args[0], bb, runtime_zero=True)
-        acc = None if found is None else _dot_call(bb, *found, weight, window_of(a), dot)
-        return None if acc is None else (acc, f"on {dot.name.split('_')[1]} dot products")
+        made = None if found is None else _dot_call(bb, *found, weight, window_of(a), dot)
+        return None if made is None else (made[0], _noun(made[1]))
 
     return conv2d_rewrite_pass("EdgepackDotProductConvolutions", rewrite)
 
@@ -198,18 +200,22 @@ def dot_product_matmuls(cpu: CpuInfo):
         data, zero = found
         rows = bb.emit(relax.op.reshape(data, [1, 1, prod(shape[:-1]), shape[-1]]))
         ohwi = np.ascontiguousarray(weight.T.reshape(weight.shape[1], 1, 1, weight.shape[0]))
-        acc = _dot_call(bb, rows, zero, ohwi, window, dot)
-        if acc is None:
+        made = _dot_call(bb, rows, zero, ohwi, window, dot)
+        if made is None:
             return None
-        return relax.op.reshape(bb.emit(acc), [*shape[:-1], weight.shape[1]]), \
-            f"on {dot.name.split('_')[1]} dot products"
+        return relax.op.reshape(bb.emit(made[0]), [*shape[:-1], weight.shape[1]]), _noun(made[1])
 
     return conv2d_rewrite_pass("EdgepackDotProductMatmuls", rewrite, op="relax.matmul", noun="matrix product")
 
 
+def _noun(dot: DotProduct) -> str:
+    """How the compile summary says which instruction a product runs on."""
+    return f"on {dot.name.split('_')[1]} dot products"
+
+
 def _dot_call(bb, data, zero, weight: np.ndarray, window: dict, dot: DotProduct):
-    """The int32 convolution of ``data`` less ``zero`` (a constant or a ``RuntimeZero``) with OHWI int8
-    ``weight`` on ``dot``, or None where the instruction cannot take it."""
+    """(the int32 convolution of ``data`` less ``zero`` (a constant or a ``RuntimeZero``) with OHWI int8
+    ``weight``, the instruction it runs on: ``dot`` or its fallback), or None where it cannot take it."""
     from tvm import relax
 
     dot = _taken(dot, static_shape(data), weight.shape[1:3], window)
@@ -237,7 +243,7 @@ def _dot_call(bb, data, zero, weight: np.ndarray, window: dict, dot: DotProduct)
                            [data, relax.const(packed)], "dot_conv2d", (zero + shift) * weight_sums)
     if channels != out_channels:
         acc = relax.op.strided_slice(bb.emit(acc), axes=[3], begin=[0], end=[out_channels])
-    return acc
+    return acc, dot
 
 
 def _taken(dot: DotProduct, shape, kernel, window: dict) -> DotProduct:
