@@ -20,7 +20,7 @@ from mutation import wrong_build
 
 import edgepack
 from edgepack.backends import get_backend
-from edgepack.backends.vulkan import VulkanBackend, driver_status
+from edgepack.backends.vulkan import driver_status
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
