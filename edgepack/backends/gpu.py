@@ -48,6 +48,7 @@ class Kernel:
     grid: tuple[int | str, ...]  # work groups per dimension (x, y, z); str when shape-dependent
     block: tuple[int | str, ...]  # work-group size per dimension (x, y, z)
     source: str = ""
+    usage: dict[str, int] = field(default_factory=dict)  # what it asks of the GPU, by [limits] key (kernel_usage)
 
     @property
     def global_size(self) -> tuple[int | str, ...]:
@@ -518,12 +519,13 @@ class GpuBackend(Backend):
 
         sections = self.split_source(module_source(executable, self.module_kind))
         kernels = []
+        usage = kernel_usage(found)
         for kname, info in sorted(found.items()):
             ext = info["extents"]
             grid = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
             block = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
             kernels.append(Kernel(kname, _function_of(kname, record), info["args"], info["params"], grid, block,
-                                  sections.get(kname, "")))
+                                  sections.get(kname, ""), usage[kname]))
         by_function: dict[str, list[str]] = {}
         for k in kernels:
             by_function.setdefault(k.function, []).append(k.name)
@@ -608,7 +610,7 @@ class GpuBackend(Backend):
         index = json.loads(index_path.read_text())
         sections = self.split_source(source_path.read_text())
         return [Kernel(k["name"], k["function"], tuple(k["arg_types"]), tuple(k["launch_params"]), tuple(k["grid"]),
-                       tuple(k["block"]), sections.get(k["name"], "")) for k in index["kernels"]]
+                       tuple(k["block"]), sections.get(k["name"], ""), k.get("usage", {})) for k in index["kernels"]]
 
     # --- running
 
