@@ -210,6 +210,10 @@ class Backend(ABC):
         """Build (not load) what running a build on this machine needs, before a child process runs it
         (``isolated_runs``)."""
 
+    def driver_loaded(self) -> bool:
+        """Whether this process has loaded this backend's device driver (a fork would not copy its threads)."""
+        return False
+
     @abstractmethod
     def host_device(self, *, log: Progress | None = None) -> Any:
         """The TVM device of this machine that runs ``host/model.so`` (loading runtime plug-ins first)."""

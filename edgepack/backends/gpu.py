@@ -648,6 +648,11 @@ class GpuBackend(Backend):
     def ready_here(self, *, log: Progress | None = None) -> None:
         self.plugin(HOST_TRIPLE, log=log)
 
+    def driver_loaded(self) -> bool:
+        import tvm_ffi
+
+        return tvm_ffi.get_global_func(self.loader_function, allow_missing=True) is not None
+
     def prepare_process(self) -> None:
         """Anything this process needs before the plug-in is loaded."""
 

@@ -3,9 +3,10 @@
 A GPU driver may end the process that calls it: PoCL asserts (SIGABRT) on a kernel whose local memory it
 cannot set up, a Vulkan driver may fault (SIGSEGV). In edgepack's process that would end ``validate`` or
 ``bench`` (and a user's Python program) with no edgepack error at all. A backend that says so
-(``Backend.isolated_runs``) has its runs here made in a child process: a forkserver started once per
-process with TVM already imported (a fork of the caller could inherit a driver it had initialised, whose
-threads a fork does not copy), the driver loaded in each child. The child's result (outputs, timings or an
+(``Backend.isolated_runs``) has its runs here made in a child process, which loads the driver: a fork
+of the caller where no GPU driver is loaded in it (the command line: fast, everything imported), else
+a fork of a forkserver started once per process with TVM imported (a fork of a caller that had loaded
+a driver would inherit it without its threads). The child's result (outputs, timings or an
 EdgepackError) comes back through a pipe; its death by a signal becomes a ValidationError (exit 1) naming
 the build, the signal and the driver's last words on stderr.
 """
@@ -22,15 +23,17 @@ from typing import Any
 
 from edgepack.errors import EdgepackError, ValidationError
 
-_CONTEXT: Any = None
+_FORKSERVER: Any = None
 
 
-def _context() -> Any:
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["tvm", "edgepack.run.host", "edgepack.backends"])
-    return _CONTEXT
+def _context(fork: bool) -> Any:
+    global _FORKSERVER
+    if fork:
+        return multiprocessing.get_context("fork")
+    if _FORKSERVER is None:
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["tvm", "edgepack.run.places"])
+    return _FORKSERVER
 
 
 def _child(conn: Any, stderr_path: str, function: Callable[..., Any], args: tuple, kwargs: dict) -> None:
@@ -58,11 +61,12 @@ def _tail(path: Path, lines: int = 4) -> str:
 
 
 def run_isolated(function: Callable[..., Any], *args: Any, what: str, build_dir: Path, label: str,
-                 **kwargs: Any) -> Any:
+                 fork: bool = False, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` (a module-level function: it is pickled) in a child process; its
     result, or its EdgepackError raised again here. ``what``: what the child does, for the error when a
-    signal ends it ("running", "timing"); ``label``: the backend's, for the error."""
-    ctx = _context()
+    signal ends it ("running", "timing"); ``label``: the backend's, for the error. ``fork``: the child is a
+    fork of this process (fast; only where no driver is loaded here), else of the forkserver."""
+    ctx = _context(fork)
     receive, send = ctx.Pipe(duplex=False)
     with tempfile.NamedTemporaryFile(prefix="edgepack-driver-", suffix=".log", delete=False) as log:
         stderr_path = Path(log.name)

@@ -83,7 +83,7 @@ class ThisMachine(Place):
         if backend.isolated_runs:  # a driver's abort must not end this process (``run/isolated.py``)
             backend.ready_here(log=progress)  # built here, with its progress; loaded in the child
             return run_isolated(_run_here, build_dir, manifest, inputs, threads, what="running", build_dir=build_dir,
-                                label=backend.label)
+                                label=backend.label, fork=_no_driver_here())
         return _run_here(build_dir, manifest, inputs, threads, progress)
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
@@ -98,8 +98,14 @@ class ThisMachine(Place):
             if progress:
                 progress(f"Timing {build_dir.name} on this machine: {repeat} x {number} run{'s' * (number != 1)}")
             return run_isolated(_bench_here, build_dir, repeat, number, warmup, threads, what="timing",
-                                build_dir=build_dir, label=backend.label)
+                                build_dir=build_dir, label=backend.label, fork=_no_driver_here())
         return _bench_here(build_dir, repeat, number, warmup, threads, progress)
+
+
+def _no_driver_here() -> bool:
+    """Whether no GPU driver is loaded in this process: a child forked from it then starts clean (no driver
+    threads that a fork would not copy), and fast (everything imported already)."""
+    return not any(b.driver_loaded() for b in backends().values())
 
 
 def _run_here(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], threads: int | None,
