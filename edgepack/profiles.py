@@ -1,7 +1,8 @@
 """Device profiles: what a kind of device is, as data.
 
 A profile is a TOML file (``device_profiles/*.toml``) that names the TVM target, the target triple,
-the cross compiler, how to run the device's binaries under emulation and the RPC key. Adding a device
+the cross compiler, how to run the device's binaries under emulation and the RPC key; a GPU profile also
+states its GPU's limits (``[limits]``, :class:`GpuLimits`; docs/architecture.md, "GPU limits"). Adding a device
 means adding a file: edgepack reads every ``*.toml`` in the search path below.
 
 Search path, first match wins: ``$EDGEPACK_PROFILES_DIR`` (``:``-separated), the user's
