@@ -409,8 +409,8 @@ class GpuBackend(Backend):
     info_function: ClassVar[str]
     #: The driver hint when this machine has no device.
     driver_hint: ClassVar[str]
-    #: The limits a build keeps its kernels within where its profile states none (``[limits]``,
-    #: ``profiles.GpuLimits``); the TVM target's max_num_threads and max_shared_memory_per_block after those.
+    #: The limits a build keeps its kernels within where neither its profile (``[limits]``,
+    #: ``profiles.GpuLimits``) nor, for threads and workgroup memory, its TVM target states them.
     default_limits: ClassVar[GpuLimits] = GpuLimits()
 
     #: How the kernel language keeps a scaled integer sum from fusing with what is added to it
@@ -453,14 +453,15 @@ class GpuBackend(Backend):
 
     def limits(self, limits: GpuLimits | None, target: Any = None) -> GpuLimits:
         """The limits a build keeps its kernels within: the profile's (``limits``) where it states them,
-        else the backend's defaults, else (threads, workgroup memory) the TVM target's."""
+        else (threads, workgroup memory) the TVM target's, which the schedules use, else the backend's
+        defaults."""
         stated = limits or GpuLimits()
-        merged = {k: getattr(stated, k) if getattr(stated, k) is not None else getattr(self.default_limits, k)
-                  for k in LIMIT_KEYS}
-        if target is not None:
-            for key, (_what, attr) in LIMIT_KEYS.items():
-                if merged[key] is None and attr is not None and attr in target.attrs:
-                    merged[key] = int(target.attrs[attr])
+        merged = {k: getattr(stated, k) for k in LIMIT_KEYS}
+        for key, (_what, attr) in LIMIT_KEYS.items():
+            if merged[key] is None and target is not None and attr is not None and attr in target.attrs:
+                merged[key] = int(target.attrs[attr])
+            if merged[key] is None:
+                merged[key] = getattr(self.default_limits, key)
         return GpuLimits(**merged)
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,

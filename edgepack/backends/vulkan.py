@@ -162,11 +162,10 @@ class VulkanBackend(GpuBackend):
     info_function = "edgepack.vulkan.runtime_info"
     driver_hint = ("Install a Vulkan driver; on Debian/Ubuntu the CPU one (lavapipe) is enough: "
                    "`apt-get install mesa-vulkan-drivers libvulkan1` (check with `vulkaninfo --summary`).")
-    # Where a profile states no [limits]: WebGPU's defaults, which wgpu-native guarantees on every adapter
-    # (maxStorageBuffersPerShaderStage 8: lavapipe allows 32, the Vulkan minimum is 4;
-    # maxComputeWorkgroupStorageSize 16384; maxComputeInvocationsPerWorkgroup 256;
-    # maxStorageBufferBindingSize 128 MiB): a shader within them runs on any Vulkan GPU wgpu accepts
-    default_limits = GpuLimits(storage_buffers=8, workgroup_memory=16384, invocations=256, buffer_size=128 << 20)
+    # Where a profile states no [limits] (threads and workgroup memory then follow the TVM target): WebGPU's
+    # defaults, which wgpu-native guarantees on every adapter (maxStorageBuffersPerShaderStage 8: lavapipe
+    # allows 32, the Vulkan minimum is 4; maxStorageBufferBindingSize 128 MiB)
+    default_limits = GpuLimits(storage_buffers=8, buffer_size=128 << 20)
     scaled_sums = "opaque"  # naga marks nothing exact: lavapipe reassociated a bias (separate_products.py)
 
     def split_source(self, source: str) -> dict[str, str]:
