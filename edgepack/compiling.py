@@ -133,7 +133,7 @@ def compile_model(
     with atomic_directory(output_dir, force=force) as staging:
         say(f"Building for {profile.name} ({profile.triple}, {backend.label})"
             + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
-        device_build = backend.build(program, device_target, records=records)
+        device_build = backend.build(program, device_target, records=records, limits=profile.limits)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
         artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims)
         artifacts.update({name: Artifact.of(staging, rel)
@@ -144,7 +144,8 @@ def compile_model(
         else:
             say(f"Building for this machine (validate --on {backend.host_place})")
             host_target = backend.host_target(profile)
-            host_build = backend.build(program, host_target, records=backend.host_records(records))
+            host_build = backend.build(program, host_target, records=backend.host_records(records),
+                                       limits=profile.limits)
             export_library(host_build.executable, staging / HOST_LIBRARY)
             host_library = HOST_LIBRARY
 

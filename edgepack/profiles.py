@@ -1,7 +1,8 @@
 """Device profiles: what a kind of device is, as data.
 
 A profile is a TOML file (``device_profiles/*.toml``) that names the TVM target, the target triple,
-the cross compiler, how to run the device's binaries under emulation and the RPC key. Adding a device
+the cross compiler, how to run the device's binaries under emulation and the RPC key; a GPU profile also
+states its GPU's limits (``[limits]``, :class:`GpuLimits`; docs/architecture.md, "GPU limits"). Adding a device
 means adding a file: edgepack reads every ``*.toml`` in the search path below.
 
 Search path, first match wins: ``$EDGEPACK_PROFILES_DIR`` (``:``-separated), the user's
@@ -42,6 +43,63 @@ class Emulator:
     apt_package: str | None = None
 
 
+#: A profile's ``[limits]`` keys, what each limits, and the TVM target attribute it also sets (schedules
+#: size thread blocks and shared-memory tiles to the target's values).
+LIMIT_KEYS = {
+    "storage_buffers": ("storage buffers one kernel binds (per shader stage)", None),
+    "workgroup_memory": ("bytes of workgroup (OpenCL local, WGSL workgroup) memory one kernel allocates",
+                         "max_shared_memory_per_block"),
+    "invocations": ("invocations (threads) per workgroup", "max_num_threads"),
+    "buffer_size": ("bytes of one buffer a kernel binds", None),
+}
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """A GPU's hardware limits (a profile's ``[limits]`` table); None where the profile states none."""
+
+    storage_buffers: int | None = None
+    workgroup_memory: int | None = None
+    invocations: int | None = None
+    buffer_size: int | None = None
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in LIMIT_KEYS if getattr(self, k) is not None}
+
+
+def parse_limits(data: dict[str, Any] | None, where: str = "") -> GpuLimits | None:
+    """The ``[limits]`` table of a profile: positive integers, only the keys of ``LIMIT_KEYS``."""
+    if data is None:
+        return None
+    unknown = sorted(set(data) - set(LIMIT_KEYS))
+    bad = sorted(k for k, v in data.items() if k in LIMIT_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0))
+    if unknown or bad:
+        raise ProfileError(
+            f"The [limits] table{where} has " + (f"unknown keys {', '.join(unknown)}" if unknown else
+                                                f"values that are not positive integers: {', '.join(bad)}") + ".",
+            "[limits] takes " + ", ".join(f"{k} ({what})" for k, (what, _) in LIMIT_KEYS.items()) + ".")
+    return GpuLimits(**data)
+
+
+def _target_within(target: dict[str, Any], limits: GpuLimits | None, where: str) -> dict[str, Any]:
+    """``target`` with the limits' thread and shared-memory values as TVM target attributes: set where the
+    target does not state them, refused where it states more than the limit."""
+    if limits is None:
+        return target
+    target = dict(target)
+    for key, (_what, attr) in LIMIT_KEYS.items():
+        value = getattr(limits, key)
+        if attr is None or value is None:
+            continue
+        if attr not in target:
+            target[attr] = value
+        elif int(target[attr]) > value:
+            raise ProfileError(f"The profile{where} sets [target] {attr} = {target[attr]}, more than its "
+                               f"[limits] {key} = {value}.",
+                               f"Lower {attr} to at most {value} (or leave it out: it follows [limits]).")
+    return target
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -55,6 +113,7 @@ class Profile:
     host_target: dict[str, Any] | None = None
     emulator: Emulator | None = None
     status_note: str = ""
+    limits: GpuLimits | None = None  # a GPU's hardware limits ([limits]); None for CPUs
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -96,6 +155,7 @@ class Profile:
             },
             "emulator": ({"command": list(self.emulator.command), "apt_package": self.emulator.apt_package}
                          if self.emulator else None),
+            "limits": self.limits.to_dict() if self.limits is not None else None,
         }
 
 
@@ -176,6 +236,7 @@ def parse_profile(data: dict[str, Any], source: Path | None = None) -> Profile:
             if emulator_data
             else None
         )
+        limits = parse_limits(data.get("limits"), where)
         profile = Profile(
             name=data["name"],
             description=data.get("description", ""),
@@ -184,10 +245,11 @@ def parse_profile(data: dict[str, Any], source: Path | None = None) -> Profile:
             backend=data.get("backend", "cpu"),
             triple=data["triple"],
             rpc_key=data.get("rpc_key", data["name"]),
-            target=with_llvm_workarounds(dict(data["target"])),
+            target=with_llvm_workarounds(_target_within(dict(data["target"]), limits, where)),
             host_target=with_llvm_workarounds(dict(data["host_target"])) if "host_target" in data else None,
             toolchain=toolchain,
             emulator=emulator,
+            limits=limits,
             source=source,
         )
     except (KeyError, TypeError) as exc:

@@ -20,7 +20,7 @@ from mutation import wrong_build
 
 import edgepack
 from edgepack.backends import get_backend
-from edgepack.backends.vulkan import VulkanBackend, driver_status
+from edgepack.backends.vulkan import driver_status
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
@@ -373,12 +373,12 @@ def test_android_needs_a_user_supplied_wgpu_native(monkeypatch, tmp_path):
 ])
 def test_real_models_on_vulkan_match_the_reference(lavapipe, models, vk_build, name, profile):
     build = vk_build(name, profile)
-    # every shader stays within the profile's limits and WebGPU's storage buffers per shader stage
-    limits = get_profile(profile).target
+    # every shader stays within the profile's [limits]
+    limits = get_profile(profile).limits
     for k in edgepack.kernels(build).kernels:
-        assert int(np.prod(k.block)) <= limits["max_num_threads"], k.name
-        assert _workgroup_bytes(k.source) <= limits["max_shared_memory_per_block"], k.name
-        assert _storage_buffers(k) <= VulkanBackend.max_storage_buffers, k.name
+        assert int(np.prod(k.block)) <= limits.invocations, k.name
+        assert _workgroup_bytes(k.source) <= limits.workgroup_memory, k.name
+        assert _storage_buffers(k) <= limits.storage_buffers, k.name
     assert check_gpu_build(build, "vulkan", "host-vulkan", models[name])["language"] == "wgsl"
 
 

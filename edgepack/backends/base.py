@@ -19,7 +19,7 @@ from edgepack.backends.program_sizes import ConstantSizes
 from edgepack.errors import EdgepackError, ProfileError
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
-from edgepack.profiles import Profile
+from edgepack.profiles import GpuLimits, Profile
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import Compilers
 
@@ -142,6 +142,9 @@ class Backend(ABC):
     device_noun: ClassVar[str] = "a CPU"
     #: ``--on`` value that runs a build of this backend on this machine ("host", "host-opencl", ...).
     host_place: ClassVar[str]
+    #: Whether runs on this machine go to a child process (``run/isolated.py``): a GPU driver may abort the
+    #: process that calls it (PoCL asserts, a Vulkan driver faults), which must not end the caller's.
+    isolated_runs: ClassVar[bool] = False
     #: Whether ``package c`` makes a single-binary static runner for it.
     static_bundle: ClassVar[bool] = True
     #: Whether MetaSchedule can tune it.
@@ -159,8 +162,9 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
-              records: TuningRecords | None = None) -> Build:
-        """Run the backend's Relax pipeline (with ``records`` applied) and generate code for ``target``."""
+              records: TuningRecords | None = None, limits: GpuLimits | None = None) -> Build:
+        """Run the backend's Relax pipeline (with ``records`` applied) and generate code for ``target``,
+        its kernels within ``limits`` (the profile's GPU limits; None: the backend's defaults)."""
 
     def tir_pipeline(self) -> str:
         """The name of the TIR pipeline its kernels are lowered with, registered with TVM (builds and
@@ -201,6 +205,14 @@ class Backend(ABC):
         return ""
 
     # --- running ---------------------------------------------------------------------------------
+
+    def ready_here(self, *, log: Progress | None = None) -> None:
+        """Build (not load) what running a build on this machine needs, before a child process runs it
+        (``isolated_runs``)."""
+
+    def driver_loaded(self) -> bool:
+        """Whether this process has loaded this backend's device driver (a fork would not copy its threads)."""
+        return False
 
     @abstractmethod
     def host_device(self, *, log: Progress | None = None) -> Any:
@@ -247,7 +259,7 @@ class Backend(ABC):
         """The ``--on`` value that measures this backend's kernels on this machine, if any."""
         return None
 
-    def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
+    def tuning_passes(self, target: Any, form: KernelForm, limits: GpuLimits | None = None) -> list[Any]:
         """Relax passes up to the fused, unscheduled TIR kernels that tuning tasks are made of."""
         raise EdgepackError(f"{self.label} builds cannot be tuned.")
 

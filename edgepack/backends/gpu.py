@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import re
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pas
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
-from edgepack.profiles import Profile
+from edgepack.profiles import LIMIT_KEYS, GpuLimits, Profile
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import HOST_TRIPLE, Compilers
 from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target_plugin
@@ -47,6 +48,7 @@ class Kernel:
     grid: tuple[int | str, ...]  # work groups per dimension (x, y, z); str when shape-dependent
     block: tuple[int | str, ...]  # work-group size per dimension (x, y, z)
     source: str = ""
+    usage: dict[str, int] = field(default_factory=dict)  # what it asks of the GPU, by [limits] key (kernel_usage)
 
     @property
     def global_size(self) -> tuple[int | str, ...]:
@@ -76,6 +78,35 @@ class GpuReport(ScheduleReport):
         data.pop("unscheduled")
         return data | {"memory": self.memory, "num_kernels": len(self.kernels),
                        "cpu_fallback": self.unscheduled} | self.details
+
+
+def kernel_usage(kernels: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """What each kernel (``_collect_kernels``) asks of the GPU, by ``[limits]`` key: storage buffers it binds,
+    workgroup memory it allocates, invocations per workgroup (its launch block), its largest buffer."""
+    usage = {}
+    for kname, info in kernels.items():
+        block = [info["extents"].get(f"threadIdx.{a}", 1) for a in "xyz"]
+        usage[kname] = {
+            "storage_buffers": sum(a == "handle" for a in info["args"]),
+            "workgroup_memory": int(info.get("workgroup_memory", 0)),
+            "invocations": math.prod(b for b in block if isinstance(b, int)),
+            "buffer_size": int(info.get("buffer_size", 0)),
+        }
+    return usage
+
+
+_LIMIT_FIXES = {
+    "storage_buffers": "Fused kernels are kept within it already: this is one operator with that many operands; "
+                       "split it in the model (a concatenation of fewer tensors at a time), or compile for a CPU "
+                       "profile.",
+    "workgroup_memory": "The schedule tiles the kernel through workgroup memory larger than the GPU has; "
+                        "compile for a CPU profile, or with smaller input shapes (--input-shape), and report the "
+                        "model: the schedule should respect the target's max_shared_memory_per_block.",
+    "invocations": "The kernel launches more threads per workgroup than the GPU allows; compile for a CPU "
+                   "profile and report the model: the schedule should respect the target's max_num_threads.",
+    "buffer_size": "One tensor is larger than a buffer the GPU can bind; compile with smaller input shapes "
+                   "(--input-shape), or for a CPU profile.",
+}
 
 
 def format_size(values: Sequence[int | str]) -> str:
@@ -207,7 +238,57 @@ def _collect_kernels(mod, kernels: dict[str, dict[str, Any]]) -> None:
             "params": tuple(str(p) for p in params),
             "extents": extents,
             "args": tuple(_param_type(p) for p in func.params),
+            "workgroup_memory": _workgroup_memory(func.body),
         }
+
+
+def _bytes(buffer) -> int | None:
+    """A TIR buffer's size in bytes; None where a dimension is symbolic."""
+    import math
+
+    import tvm
+    from tvm import tirx
+
+    if not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
+        return None
+    dtype = tvm.runtime.DataType(str(buffer.dtype))
+    return math.prod(int(d.value) for d in buffer.shape) * max(1, dtype.bits * dtype.lanes // 8)
+
+
+def _workgroup_memory(body) -> int:
+    """Bytes of workgroup (OpenCL ``__local``, WGSL ``var<workgroup>``) memory a device kernel allocates:
+    its ``shared`` buffers (a symbolic size counts as 0 here; the driver checks it at launch)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    total = [0]
+
+    def visit(node):
+        if str(node.buffer.scope()).startswith("shared"):
+            total[0] += _bytes(node.buffer) or 0
+
+    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, visit)], order="pre")
+    return total[0]
+
+
+def _largest_buffers(mod, sizes: dict[str, int]) -> None:
+    """Per PrimFunc (before ``SplitHostDevice``: its kernels are named after it), the largest global buffer
+    it declares (its tensors), in bytes."""
+    import tvm_ffi
+    from tvm import tirx
+
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        found = [0]
+
+        def visit(node, found=found):
+            if str(node.buffer.scope()) in ("global", ""):
+                found[0] = max(found[0], _bytes(node.buffer) or 0)
+
+        tvm_ffi.structural_walk(func.body, [(tirx.DeclBuffer, visit)], order="pre")
+        if found[0]:
+            sizes[gvar.name_hint] = found[0]
 
 
 def _param_type(var) -> str:
@@ -321,14 +402,16 @@ class GpuBackend(Backend):
     #: Where a build keeps its kernels (device/kernels.cl ...) and their index.
     kernels_source: ClassVar[str]
     kernels_index: ClassVar[str] = "device/kernels.json"
+    isolated_runs = True  # a driver's abort ends a child process, not the caller's (``run/isolated.py``)
     #: The plug-in and the names it registers with tvm-ffi.
     recipe: ClassVar[PluginRecipe]
     loader_function: ClassVar[str]
     info_function: ClassVar[str]
     #: The driver hint when this machine has no device.
     driver_hint: ClassVar[str]
-    #: Storage buffers one kernel may bind (per shader stage), or None where the API sets no such limit.
-    max_storage_buffers: ClassVar[int | None] = None
+    #: The limits a build keeps its kernels within where neither its profile (``[limits]``,
+    #: ``profiles.GpuLimits``) nor, for threads and workgroup memory, its TVM target states them.
+    default_limits: ClassVar[GpuLimits] = GpuLimits()
 
     #: How the kernel language keeps a scaled integer sum from fusing with what is added to it
     #: (``separate_products.py``): "statement" where its compiler contracts only within an expression
@@ -368,28 +451,48 @@ class GpuBackend(Backend):
 
     # --- compiling
 
+    def limits(self, limits: GpuLimits | None, target: Any = None) -> GpuLimits:
+        """The limits a build keeps its kernels within: the profile's (``limits``) where it states them,
+        else (threads, workgroup memory) the TVM target's, which the schedules use, else the backend's
+        defaults."""
+        stated = limits or GpuLimits()
+        merged = {k: getattr(stated, k) for k in LIMIT_KEYS}
+        for key, (_what, attr) in LIMIT_KEYS.items():
+            if merged[key] is None and target is not None and attr is not None and attr in target.attrs:
+                merged[key] = int(target.attrs[attr])
+            if merged[key] is None:
+                merged[key] = getattr(self.default_limits, key)
+        return GpuLimits(**merged)
+
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
-              records: TuningRecords | None = None) -> Build:
-        """Compile through TVM's default GPU pipeline (dlight), refusing any function without a GPU schedule."""
+              records: TuningRecords | None = None, limits: GpuLimits | None = None) -> Build:
+        """Compile through TVM's default GPU pipeline (dlight), refusing any function without a GPU schedule
+        and any kernel over the profile's ``limits`` (``check_limits``)."""
         imported = self.prepare(imported, target)
         try:
-            return self._build(imported, target, system_lib=system_lib, records=records)
+            return self._build(imported, target, system_lib=system_lib, records=records,
+                               limits=self.limits(limits, target))
         except CompileError as exc:
             raise self.translate_compile_error(exc, imported, target) from exc.__cause__
 
     def _build(self, imported: ImportedModel, target: Any, *, system_lib: bool,
-               records: TuningRecords | None) -> Build:
+               records: TuningRecords | None, limits: GpuLimits) -> Build:
         import tvm
         from tvm import relax
 
         record: dict[str, str] = {}
         measured: dict = {}
-        pipeline, rules = _gpu_pipeline(target, record, records, self.max_storage_buffers,
+        pipeline, rules = _gpu_pipeline(target, record, records, limits.storage_buffers,
                                         self.relax_passes(imported.info.path.name), measured)
         found: dict[str, dict[str, Any]] = {}
+        buffer_sizes: dict[str, int] = {}
 
         @tvm.instrument.pass_instrument
         class _KernelSnapshot:
+            def run_before_pass(self, mod, info):
+                if info.name == "tirx.SplitHostDevice":
+                    _largest_buffers(mod, buffer_sizes)
+
             def run_after_pass(self, mod, info):
                 if info.name == "tirx.SplitHostDevice":
                     _collect_kernels(mod, found)
@@ -411,16 +514,19 @@ class GpuBackend(Backend):
                 "attached.",
             ) from exc
         _refuse_unscheduled(name, record, rules, None)
-        self._refuse_over_limit(name, found)
+        for kname, info in found.items():
+            info["buffer_size"] = buffer_sizes.get(_function_of(kname, buffer_sizes), 0)
+        self.check_limits(name, found, limits, record)
 
         sections = self.split_source(module_source(executable, self.module_kind))
         kernels = []
+        usage = kernel_usage(found)
         for kname, info in sorted(found.items()):
             ext = info["extents"]
             grid = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
             block = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
             kernels.append(Kernel(kname, _function_of(kname, record), info["args"], info["params"], grid, block,
-                                  sections.get(kname, "")))
+                                  sections.get(kname, ""), usage[kname]))
         by_function: dict[str, list[str]] = {}
         for k in kernels:
             by_function.setdefault(k.function, []).append(k.name)
@@ -435,21 +541,29 @@ class GpuBackend(Backend):
     def report_details(self) -> dict[str, Any]:
         return {}
 
-    def _refuse_over_limit(self, name: str, kernels: dict[str, dict[str, Any]]) -> None:
-        """A CompileError naming the kernels that bind more storage buffers than ``max_storage_buffers``
-        (one operator with that many operands: fused groups are kept within it)."""
-        limit = self.max_storage_buffers
-        if limit is None:
-            return
-        bound = {k: sum(a == "handle" for a in info["args"]) for k, info in kernels.items()}
-        over = {k: n for k, n in bound.items() if n > limit}
-        if over:
+    def check_limits(self, name: str, kernels: dict[str, dict[str, Any]], limits: GpuLimits,
+                     record: dict[str, str]) -> None:
+        """A CompileError naming the kernels over one of ``limits`` (``kernel_usage``'s values), one
+        paragraph per limit met, with what to do about it."""
+        usage = kernel_usage(kernels)
+        problems = []
+        for key, (what, _attr) in LIMIT_KEYS.items():
+            limit = getattr(limits, key)
+            over = {k: u[key] for k, u in usage.items() if limit is not None and u[key] > limit}
+            if not over:
+                continue
             worst = max(over, key=over.get)
-            raise CompileError(
-                f"{name}: {len(over)} {self.language} kernel(s) bind more storage buffers than the {limit} a "
-                f"{self.label} kernel may, e.g. {worst} ({over[worst]}): an operator with that many operands.",
-                "Split the operator in the model (a concatenation of fewer tensors at a time), or compile for "
-                "a CPU profile.")
+            rule = record.get(_function_of(worst, record), "")
+            problems.append(
+                f"{len(over)} {self.language} kernel(s) over the profile's {key} limit ({limit} {what}): "
+                f"{worst} needs {over[worst]}" + (f" (scheduled by {rule})" if rule else "")
+                + (f"; also {', '.join(sorted(k for k in over if k != worst)[:4])}" if len(over) > 1 else "")
+                + f". {_LIMIT_FIXES[key]}")
+        if problems:
+            raise CompileError(f"{name} cannot run within the {self.label} limits of this profile: "
+                               + " ".join(problems),
+                               "The limits are the profile's [limits] table (docs/architecture.md, GPU limits); "
+                               "a profile for a GPU that allows more may raise them.")
 
     def host_target(self, profile: Profile) -> Any:
         """The profile's GPU target with this machine as its host: the same kernels, x86 host code."""
@@ -497,7 +611,7 @@ class GpuBackend(Backend):
         index = json.loads(index_path.read_text())
         sections = self.split_source(source_path.read_text())
         return [Kernel(k["name"], k["function"], tuple(k["arg_types"]), tuple(k["launch_params"]), tuple(k["grid"]),
-                       tuple(k["block"]), sections.get(k["name"], "")) for k in index["kernels"]]
+                       tuple(k["block"]), sections.get(k["name"], ""), k.get("usage", {})) for k in index["kernels"]]
 
     # --- running
 
@@ -531,6 +645,14 @@ class GpuBackend(Backend):
                                      f"It is not edgepack's {self.recipe.label} runtime for this TVM version; "
                                      "rebuild it.")
         return self.runtime_info()
+
+    def ready_here(self, *, log: Progress | None = None) -> None:
+        self.plugin(HOST_TRIPLE, log=log)
+
+    def driver_loaded(self) -> bool:
+        import tvm_ffi
+
+        return tvm_ffi.get_global_func(self.loader_function, allow_missing=True) is not None
 
     def prepare_process(self) -> None:
         """Anything this process needs before the plug-in is loaded."""

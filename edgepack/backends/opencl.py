@@ -21,7 +21,7 @@ from edgepack.backends.base import KernelForm, TuningLayout, register
 from edgepack.backends.gpu import HOST_TARGET, GpuBackend, Kernel, format_size, gpu_tuning_passes
 from edgepack.errors import EdgepackError, ValidationError
 from edgepack.manifest import BuildManifest
-from edgepack.profiles import Profile
+from edgepack.profiles import GpuLimits, Profile
 from edgepack.toolchain.plugins import PluginRecipe
 
 _KERNEL_MARKER = "// Function: "
@@ -150,8 +150,8 @@ class OpenCLBackend(GpuBackend):
         host = HOST_TARGET if here else profile.host_target
         return tvm.target.Target(dict(profile.target), host=host) if host else tvm.target.Target(dict(profile.target))
 
-    def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
-        return gpu_tuning_passes(target, self.max_storage_buffers)
+    def tuning_passes(self, target: Any, form: KernelForm, limits: GpuLimits | None = None) -> list[Any]:
+        return gpu_tuning_passes(target, self.limits(limits, target).storage_buffers)
 
 
 register(OpenCLBackend())

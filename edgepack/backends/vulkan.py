@@ -32,7 +32,7 @@ from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
-from edgepack.profiles import Profile
+from edgepack.profiles import GpuLimits, Profile
 from edgepack.progress import Progress
 from edgepack.toolchain.plugins import PluginRecipe
 from edgepack.toolchain.wgpu_native import WGPU_LIBRARY, WGPU_NATIVE_VERSION, wgpu_native
@@ -162,10 +162,10 @@ class VulkanBackend(GpuBackend):
     info_function = "edgepack.vulkan.runtime_info"
     driver_hint = ("Install a Vulkan driver; on Debian/Ubuntu the CPU one (lavapipe) is enough: "
                    "`apt-get install mesa-vulkan-drivers libvulkan1` (check with `vulkaninfo --summary`).")
-    # WebGPU's default maxStorageBuffersPerShaderStage, which wgpu-native guarantees on every adapter, as
-    # the profiles' thread and workgroup-memory limits are WebGPU's defaults (lavapipe allows 32, the
-    # Vulkan minimum is 4): a shader within it runs on any Vulkan GPU wgpu accepts
-    max_storage_buffers = 8
+    # Where a profile states no [limits] (threads and workgroup memory then follow the TVM target): WebGPU's
+    # defaults, which wgpu-native guarantees on every adapter (maxStorageBuffersPerShaderStage 8: lavapipe
+    # allows 32, the Vulkan minimum is 4; maxStorageBufferBindingSize 128 MiB)
+    default_limits = GpuLimits(storage_buffers=8, buffer_size=128 << 20)
     scaled_sums = "opaque"  # naga marks nothing exact: lavapipe reassociated a bias (separate_products.py)
 
     def split_source(self, source: str) -> dict[str, str]:

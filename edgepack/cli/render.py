@@ -33,9 +33,9 @@ def _shape(shape) -> str:
 
 
 def error(exc: EdgepackError) -> None:
-    text = f"[bold red]Error:[/] {exc.message}"
+    text = f"[bold red]Error:[/] {escape(exc.message)}"  # messages name TOML tables ([limits]): not markup
     if exc.hint:
-        text += f"\n[bold]Fix:[/] {exc.hint}"
+        text += f"\n[bold]Fix:[/] {escape(exc.hint)}"
     err_console.print(Panel(text, border_style="red", expand=False), highlight=False)
 
 

@@ -129,7 +129,8 @@ def package_c(
                 say("Applying the build's tuning records")
                 records = apply_tuning(imported, profile, profile.tvm_target(), build_dir / BUILD_TUNING).records
             program = build_program(imported, manifest, backend.no_byte_tensors)
-            system = backend.build(program, profile.tvm_target(), system_lib=True, records=records)
+            system = backend.build(program, profile.tvm_target(), system_lib=True, records=records,
+                                   limits=profile.limits)
             static_lib = export_model_static(system.executable, Path(tmp) / "libmodel.a", compilers.cc,
                                              meta_text=meta)
 

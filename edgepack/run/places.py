@@ -29,6 +29,7 @@ from edgepack.manifest import BuildManifest, read_manifest
 from edgepack.progress import Progress
 from edgepack.run.emulator import run_on_emulator
 from edgepack.run.host import load_host_library, run_host_library
+from edgepack.run.isolated import run_isolated
 from edgepack.run.remote import bench_on_device, bench_on_farm, run_on_device, run_on_farm
 from edgepack.run.results import BenchResult, RunOutputs
 from edgepack.run.threads import use_threads_here
@@ -79,42 +80,73 @@ class ThisMachine(Place):
     def run(self, build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], *,
             threads: int | None = None, progress: Progress | None = None) -> RunOutputs:
         backend = self._backend(build_dir, manifest)
-        device = backend.host_device(log=progress)
-        use_threads_here(threads)
-        try:
-            return RunOutputs(run_host_library(build_dir, manifest, inputs, device),
-                              f"this machine: {describe_device(device)}")
-        except EdgepackError:
-            raise
-        except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
-            raise backend.run_error(exc, build_dir, "this machine") from exc
+        if backend.isolated_runs:  # a driver's abort must not end this process (``run/isolated.py``)
+            backend.ready_here(log=progress)  # built here, with its progress; loaded in the child
+            return run_isolated(_run_here, build_dir, manifest, inputs, threads, what="running", build_dir=build_dir,
+                                label=backend.label, fork=_no_driver_here())
+        return _run_here(build_dir, manifest, inputs, threads, progress)
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
               threads: int | None = None,
               session_timeout: float = DEFAULT_SESSION_TIMEOUT, reconnect_window: float = DEFAULT_RECONNECT_WINDOW,
               progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
         """Time ``host/model.so`` here with TVM's ``time_evaluator``."""
-        import tvm
-
         manifest = read_manifest(build_dir)
         backend = self._backend(build_dir, manifest)
-        device = backend.host_device(log=progress)
-        count = use_threads_here(threads)
-        started = time.monotonic()
-        vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)
-        feeds = random_inputs(largest(manifest.inputs, dims_from_dict(manifest.dims)))  # a --dim at its largest
-        args = [tvm.runtime.tensor(contiguous(feeds[s.name]), device=device) for s in manifest.inputs]
-        if progress:
-            progress(f"Timing {build_dir.name} on this machine: {repeat} x {number} run{'s' * (number != 1)}")
-        for _ in range(warmup):
-            vm["main"](*args)
-        device.sync()
-        vm.set_input("main", *args)
-        result = vm.time_evaluator("invoke_stateful", device, number=number, repeat=repeat)("main")
-        samples = tuple(float(s) * 1000.0 for s in result.results)
-        return [BenchResult(str(build_dir), "this machine", manifest.profile_name, platform.node(), repeat, number,
-                            warmup, samples, time.monotonic() - started, via="local",
-                            ran_on=describe_device(device), threads=count)]
+        if backend.isolated_runs:  # a driver's abort must not end this process (``run/isolated.py``)
+            backend.ready_here(log=progress)  # built here, with its progress; loaded in the child
+            if progress:
+                progress(f"Timing {build_dir.name} on this machine: {repeat} x {number} run{'s' * (number != 1)}")
+            return run_isolated(_bench_here, build_dir, repeat, number, warmup, threads, what="timing",
+                                build_dir=build_dir, label=backend.label, fork=_no_driver_here())
+        return _bench_here(build_dir, repeat, number, warmup, threads, progress)
+
+
+def _no_driver_here() -> bool:
+    """Whether no GPU driver is loaded in this process: a child forked from it then starts clean (no driver
+    threads that a fork would not copy), and fast (everything imported already)."""
+    return not any(b.driver_loaded() for b in backends().values())
+
+
+def _run_here(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], threads: int | None,
+              progress: Progress | None = None) -> RunOutputs:
+    """``ThisMachine.run`` in this process (a child's, for a backend with ``isolated_runs``)."""
+    backend = backend_for(manifest)
+    device = backend.host_device(log=progress)
+    use_threads_here(threads)
+    try:
+        return RunOutputs(run_host_library(build_dir, manifest, inputs, device),
+                          f"this machine: {describe_device(device)}")
+    except EdgepackError:
+        raise
+    except Exception as exc:  # TVM raises RuntimeError/ValueError/... with the runtime's message
+        raise backend.run_error(exc, build_dir, "this machine") from exc
+
+
+def _bench_here(build_dir: Path, repeat: int, number: int, warmup: int, threads: int | None,
+                progress: Progress | None = None) -> list[BenchResult | EdgepackError]:
+    """``ThisMachine.bench`` in this process (a child's, for a backend with ``isolated_runs``)."""
+    import tvm
+
+    manifest = read_manifest(build_dir)
+    backend = backend_for(manifest)
+    device = backend.host_device(log=progress)
+    count = use_threads_here(threads)
+    started = time.monotonic()
+    vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)
+    feeds = random_inputs(largest(manifest.inputs, dims_from_dict(manifest.dims)))  # a --dim at its largest
+    args = [tvm.runtime.tensor(contiguous(feeds[s.name]), device=device) for s in manifest.inputs]
+    if progress:
+        progress(f"Timing {build_dir.name} on this machine: {repeat} x {number} run{'s' * (number != 1)}")
+    for _ in range(warmup):
+        vm["main"](*args)
+    device.sync()
+    vm.set_input("main", *args)
+    result = vm.time_evaluator("invoke_stateful", device, number=number, repeat=repeat)("main")
+    samples = tuple(float(s) * 1000.0 for s in result.results)
+    return [BenchResult(str(build_dir), "this machine", manifest.profile_name, platform.node(), repeat, number,
+                        warmup, samples, time.monotonic() - started, via="local",
+                        ran_on=describe_device(device), threads=count)]
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ def check_in_model(imported: ImportedModel, profile: Profile, directory: Path, s
     say(f"Checking {applied.tuned_tasks} tuned kernel(s) inside the model against their defaults "
         f"({' and '.join(map(str, counts))} thread(s))")
     backend = backend_for(profile)
-    builds = [backend.build(imported, target).executable,
-              backend.build(imported, target, records=applied.records).executable]
+    builds = [backend.build(imported, target, limits=profile.limits).executable,
+              backend.build(imported, target, records=applied.records, limits=profile.limits).executable]
     device = tvm.cpu()
     machines = [relax.VirtualMachine(executable, device) for executable in builds]
     inputs = random_inputs(imported.inputs)

@@ -355,7 +355,7 @@ def _prepare_and_tune(model: Path, directory: Path, profile: Profile, backend: B
     if existing is not None:
         # resume the directory as it was made
         meta = replace(meta, cold_weights=existing.cold_weights, **asdict(existing.form))
-    tasks, extracted = extract_tasks(imported, backend, tuning_target, meta.form)
+    tasks, extracted = extract_tasks(imported, backend, tuning_target, meta.form, profile.limits)
     control.checkpoint()
     if not tasks:
         raise TuningError(f"{model.name} has no kernels to tune.", "Nothing to do; compile it without --tuning.")

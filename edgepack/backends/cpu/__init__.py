@@ -28,7 +28,7 @@ from edgepack.backends.cpu.stack import tir_pipeline
 from edgepack.errors import CompileError, EdgepackError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
-from edgepack.profiles import Profile, host_cpu_target
+from edgepack.profiles import GpuLimits, Profile, host_cpu_target
 
 
 class CpuBackend(Backend):
@@ -39,7 +39,7 @@ class CpuBackend(Backend):
     no_symbolic_shapes = None
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
-              records: TuningRecords | None = None) -> Build:
+              records: TuningRecords | None = None, limits: GpuLimits | None = None) -> Build:
         import tvm
         from tvm import relax
 
@@ -124,7 +124,7 @@ class CpuBackend(Backend):
         host = profile.host_target
         return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
-    def tuning_passes(self, target: Any, form: KernelForm) -> list[Any]:
+    def tuning_passes(self, target: Any, form: KernelForm, limits: GpuLimits | None = None) -> list[Any]:
         return prepare_passes(target, form)
 
     def default_schedule(self, mod: Any, target: Any) -> tuple[str, Any] | None:

@@ -190,7 +190,7 @@ def package_android(
                                                           model_input_shapes(manifest),
                                                           dims_from_dict(manifest.dims)),
                                              manifest, backend.no_byte_tensors)
-                exe = backend.build(imported, _abi_target(profile, abi)).executable
+                exe = backend.build(imported, _abi_target(profile, abi), limits=profile.limits).executable
                 model_lib = export_model_shared(exe, tmp / abi.name / "model.so", cxx, meta_text=meta, cc=cc,
                                                        options=["-s", *abi.runtime_flags], log=None)
             say(f"Building {JNI_LIBRARY} for {abi.name}")
