@@ -733,6 +733,39 @@ def onnx_qdq_convs(path: Path, *, dtype: str = "int8", seed: int = 0, weights: t
     return _save_opset17(graph, path)
 
 
+def onnx_8_bit_io(path: Path) -> Path:
+    """An ONNX model with 8-bit inputs and outputs (what a Vulkan build reads and writes as 32-bit words of
+    the caller's buffer): ``pixels`` uint8 [1, 3, 5, 4] (60 bytes) and ``codes`` int8 [2, 7, 2] (28 bytes)
+    in; out ``brighter`` (uint8, the pixels requantized with a gain, saturating), ``negated`` (int8, the
+    codes' real values negated: negative codes become positive and back), ``sums`` (int8 [1, 5]: 5
+    bytes, not a whole number of words; per row of pixels) and ``codes`` itself (given back as it is)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(v, dtype), name) for name, v, dtype in (
+        ("p_s", 0.1, np.float32), ("p_z", 7, np.uint8), ("gain", 1.7, np.float32), ("b_s", 0.1, np.float32),
+        ("b_z", 3, np.uint8), ("c_s", 0.05, np.float32), ("c_z", -3, np.int8), ("n_z", 2, np.int8),
+        ("s_s", 2.0, np.float32), ("s_z", -20, np.int8), ("axes", [1, 3], np.int64))]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["pixels", "p_s", "p_z"], ["pf"]),
+        helper.make_node("Mul", ["pf", "gain"], ["pg"]),
+        helper.make_node("QuantizeLinear", ["pg", "b_s", "b_z"], ["brighter"]),
+        helper.make_node("DequantizeLinear", ["codes", "c_s", "c_z"], ["cf"]),
+        helper.make_node("Neg", ["cf"], ["cn"]),
+        helper.make_node("QuantizeLinear", ["cn", "c_s", "n_z"], ["negated"]),
+        helper.make_node("ReduceSum", ["pf", "axes"], ["ps"], keepdims=0),
+        helper.make_node("QuantizeLinear", ["ps", "s_s", "s_z"], ["sums"]),
+    ]
+    u8, i8 = TensorProto.UINT8, TensorProto.INT8
+    graph = helper.make_graph(
+        nodes, "eight_bit_io",
+        [helper.make_tensor_value_info("pixels", u8, [1, 3, 5, 4]), helper.make_tensor_value_info("codes", i8, [2, 7, 2])],
+        [helper.make_tensor_value_info("brighter", u8, [1, 3, 5, 4]), helper.make_tensor_value_info("negated", i8, [2, 7, 2]),
+         helper.make_tensor_value_info("sums", i8, [1, 5]), helper.make_tensor_value_info("codes", i8, [2, 7, 2])],
+        inits)
+    return _save_opset17(graph, path)
+
+
 def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
     """Convolutions as ``onnxruntime.quantization.quantize_dynamic`` leaves them: each float input quantized
     at run time (DynamicQuantizeLinear: uint8, its zero point from the values' range), a ConvInteger over it

@@ -16,11 +16,13 @@ import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
+from model_factory import onnx_8_bit_io, onnx_qdq_convs
 from mutation import wrong_build
 
 import edgepack
-from edgepack.backends import get_backend
+from edgepack.backends import get_backend, wgsl_words
 from edgepack.backends.vulkan import driver_status
+from edgepack.compiling import compile_model
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
@@ -389,8 +391,6 @@ def test_a_dynamically_quantized_recognizer_on_vulkan_matches_onnxruntime(lavapi
     Runtime by 0.0078 on lavapipe: its optimiser computed a scaled int32 sum's bias and a hardswish's
     ``+ 3`` in the other order, which WGSL allows; each such sum is now opaque to it
     (``separate_products.py``, form "opaque")."""
-    from edgepack.compiling import compile_model
-
     model = models["ppocr_rec_lstm_dyn8"]
     build = compile_model(model.path, "vulkan-generic", tmp_path / "b", input_shapes={"x": (1, 3, 32, 120)})
     assert build.manifest.extra["vulkan"]["cpu_fallback"] == []
@@ -398,13 +398,129 @@ def test_a_dynamically_quantized_recognizer_on_vulkan_matches_onnxruntime(lavapi
     assert report.passed and report.outputs[0].max_abs_error < 1e-3, report.to_dict()
 
 
-def test_a_model_with_8_bit_inputs_is_refused_for_vulkan_by_name(models, tmp_path):
-    """ResNet-8 takes and gives int8 tensors, which WGSL cannot declare: refused at compile time, naming
-    them, with where it does compile; nothing written."""
-    model = models["resnet8_int8"]
+# ----------------------------------------------------------------------------------------------
+# 8-bit inputs and outputs: the caller's 8-bit buffers read and written as 32-bit words (wgsl_words.py)
+
+
+def _full_range(specs, seed: int) -> dict[str, np.ndarray]:
+    """Inputs over the whole range of each (8-bit) dtype: ``random_inputs`` draws 0..10, no negative
+    int8, which a build that loses the sign of its inputs would pass."""
+    rng = np.random.default_rng(seed)
+    return {s.name: rng.integers(np.iinfo(s.dtype).min, np.iinfo(s.dtype).max + 1, tuple(s.shape)).astype(s.dtype)
+            for s in specs}
+
+
+def _byte_swapped(word):
+    """A TIR int32 expression: ``word`` with its four bytes in the other order."""
+    from tvm import tirx
+
+    def byte(k):
+        return tirx.bitwise_and(tirx.shift_right(word, 8 * k), 255)
+    swapped = tirx.shift_left(byte(0), 24)
+    for k in range(1, 4):
+        swapped = tirx.bitwise_or(swapped, tirx.shift_left(byte(k), 24 - 8 * k))
+    return swapped
+
+
+def _wrong_words(monkeypatch, mutation: str) -> None:
+    """Make the next Vulkan compile read or write the 8-bit boundary wrongly: int8 unpacked without
+    extending its sign, the bytes of each input word or of each output word in the other order."""
+    from tvm import te
+
+    unpack, pack = wgsl_words._unpack, wgsl_words._pack
+    if mutation == "no_sign_extension":
+        monkeypatch.setattr(wgsl_words, "_unpack", lambda shape, dtype: unpack(shape, "uint8"))
+    elif mutation == "input_byte_order":
+        monkeypatch.setattr(wgsl_words, "_unpack", lambda shape, dtype: lambda words: unpack(shape, dtype)(
+            te.compute(words.shape, lambda i: _byte_swapped(words[i]), name="swapped")))
+    else:
+        def swapped_pack(size):
+            def compute(values):
+                words = pack(size)(values)
+                return te.compute(words.shape, lambda i: _byte_swapped(words[i]), name="swapped")
+            return compute
+        monkeypatch.setattr(wgsl_words, "_pack", swapped_pack)
+
+
+def _c_runner_outputs(build: Path, tmp_path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The build run by the C runner on this machine (host/model.so, the plug-in and wgpu-native side by
+    side, as in a C bundle's lib/), on lavapipe."""
+    from edgepack.run.c_runner import run_c_runner
+    from edgepack.toolchain.c_programs import build_c_program
+    from edgepack.toolchain.tvm_runtime import host_runtime
+
+    manifest = read_manifest(build)
+    runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(build / "host" / "model.so", lib / "model.so")
+    shutil.copy(build / "device" / "model.meta", lib / "model.meta")
+    plugin = VULKAN.plugin(HOST_TRIPLE)
+    shutil.copy(plugin.shared, lib / VULKAN.recipe.shared)
+    shutil.copy(plugin.files(static=False)[f"lib/{WGPU_LIBRARY}"], lib / WGPU_LIBRARY)
+    return run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs).outputs
+
+
+@pytest.mark.slow
+def test_an_int8_tflite_model_with_int8_input_and_output_on_vulkan_matches_litert(lavapipe, models, vk_build):
+    """MLPerf Tiny's ResNet-8 takes and gives int8 tensors (10 int8 scores: not a whole number of words).
+    Its Vulkan build keeps that signature, unpacks the input and packs the output in a kernel each, and
+    matches LiteRT within one quantization step on lavapipe: random, natural and full-range inputs."""
+    build = vk_build("resnet8_int8")
+    manifest = read_manifest(build)
+    assert [(s.dtype, tuple(s.shape)) for s in manifest.inputs] == [("int8", (1, 32, 32, 3))]
+    assert [(s.dtype, tuple(s.shape)) for s in manifest.outputs] == [("int8", (1, 10))]
+    names = [k.name for k in edgepack.kernels(build).kernels]
+    assert "unpack_bytes_kernel" in names and any("pack_bytes" in n and "unpack" not in n for n in names), names
+    check_gpu_build(build, "vulkan", "host-vulkan", models["resnet8_int8"])
+    for seed in (3, 4):
+        report = validate(build, "host-vulkan", inputs=_full_range(manifest.inputs, seed))
+        assert report.passed and not report.degenerate, report.to_dict()
+        assert report.outputs[0].dtype == "int8" and report.outputs[0].max_abs_error <= 1, report.to_dict()
+
+
+@pytest.mark.slow
+def test_8_bit_inputs_and_outputs_of_any_shape_stay_8_bit_for_the_caller(lavapipe, tmp_path):
+    """uint8 [1, 3, 5, 4] and int8 [2, 7, 2] in; uint8 and int8 out, one of 5 bytes, one the input given
+    back: the Python API and the C runner pass 8-bit arrays and get the reference's values on lavapipe."""
+    model = onnx_8_bit_io(tmp_path / "io8.onnx")
+    build = compile_model(model, "vulkan-generic", tmp_path / "b").output_dir
+    manifest = read_manifest(build)
+    assert [s.dtype for s in manifest.inputs] == ["uint8", "int8"]
+    assert [s.dtype for s in manifest.outputs] == ["uint8", "int8", "int8", "int8"]
+    for seed in (0, 1):
+        report = validate(build, "host-vulkan", inputs=_full_range(manifest.inputs, seed))
+        assert report.passed and not report.degenerate, report.to_dict()
+        assert all(o.max_abs_error <= 1 for o in report.outputs), report.to_dict()
+    inputs = _full_range(manifest.inputs, 2)
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    for spec, actual, want in zip(manifest.outputs, _c_runner_outputs(build, tmp_path, inputs), expected):
+        assert actual.dtype == want.dtype and actual.shape == want.shape, spec.name
+        assert np.abs(actual.astype(int) - want.astype(int)).max() <= 1, spec.name
+    assert np.array_equal(_c_runner_outputs(build, tmp_path / "again", inputs)[3], inputs["codes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", ["no_sign_extension", "input_byte_order", "output_byte_order"])
+def test_a_wrong_8_bit_boundary_fails_validation_on_lavapipe(lavapipe, monkeypatch, tmp_path, mutation):
+    """Negative controls of the word reads and writes: int8 inputs unpacked without their sign, or the
+    bytes of each input or output word in the other order, make validation on full-range inputs fail."""
+    model = onnx_8_bit_io(tmp_path / "io8.onnx")
+    _wrong_words(monkeypatch, mutation)
+    build = compile_model(model, "vulkan-generic", tmp_path / "b").output_dir
+    report = validate(build, "host-vulkan", inputs=_full_range(read_manifest(build).inputs, 0))
+    assert not report.passed and any(o.mismatched > 0 for o in report.outputs), report.to_dict()
+
+
+def test_an_8_bit_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tmp_path):
+    """An int8 input of 975 bytes cannot be viewed as 32-bit words (the runtime makes no view larger than
+    its buffer): refused at compile time, naming it and its size, with where it does compile; nothing
+    written."""
+    model = onnx_qdq_convs(tmp_path / "qdq.onnx", depth=1)
     with pytest.raises(CompileError) as info:
-        edgepack.compile(model.path, "vulkan-generic", tmp_path / "out", input_shapes=model.input_shapes)
-    assert "input_1_int8 (int8)" in info.value.message and "8-bit" in info.value.message, info.value.message
+        edgepack.compile(model, "vulkan-generic", tmp_path / "out")
+    message = info.value.message
+    assert "input input (int8[1, 5, 15, 13], 975 bytes)" in message and "32-bit words" in message, message
     assert "mali-g610" in info.value.hint and not (tmp_path / "out").exists()
 
 

@@ -27,7 +27,8 @@ from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
-from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32, refuse_8_bit_boundary
+from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32
+from edgepack.backends.wgsl_words import refuse_unaligned_8_bit_boundary
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.files import file_sha256
 from edgepack.frontends.types import ImportedModel
@@ -191,8 +192,9 @@ class VulkanBackend(GpuBackend):
 
     def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
         """WGSL has no int64: narrow what provably fits to int32, refuse the rest by name (``backends.int64``).
-        Nor 8-bit integers: a model whose inputs or outputs are 8-bit is refused (``wgsl_bytes.py``)."""
-        refuse_8_bit_boundary(imported.mod, imported.info.path.name)
+        Nor 8-bit integers: 8-bit inputs and outputs are read and written as 32-bit words of the caller's
+        buffer, so one that is not a whole number of words is refused by name (``wgsl_words.py``)."""
+        refuse_unaligned_8_bit_boundary(imported.mod, imported.info.path.name)
         if not target_lacks_int64(target):
             return imported
         return _with_module(imported, narrow_int64(imported.mod, model=imported.info.path.name))

@@ -10,8 +10,8 @@ range, the saturation every requantization ends with). Operators between (poolin
 concatenations) follow their operands' type. Four times the bytes of those tensors on the GPU, and the
 same values.
 
-What cannot be held so is refused by name: an 8-bit model input or output (the caller's buffer is 8-bit),
-a cast to 8 bits that may wrap around.
+The model's 8-bit inputs and outputs stay 8-bit for the caller: they are read and written as 32-bit
+words of the caller's buffer (``wgsl_words.py``). A cast to 8 bits that may wrap around is refused by name.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.relax_exprs import bound_value, const_value, dtype_of, op_name
+from edgepack.backends.wgsl_words import EIGHT_BITS, byte_inputs, is_public, pack_outputs, unpack_inputs
 from edgepack.errors import CompileError
 
-EIGHT_BITS = ("int8", "uint8")
 WRAPPING_CAST = "which WGSL (no 8-bit integers) can only hold in 32 bits"  # in the refusal's message
 
 
@@ -50,12 +50,19 @@ def _in_range(expr, dtype: str, builder) -> bool:
 
 
 def hold_8_bits_in_32(model: str = "the model"):
-    """The Relax module pass (see the module docstring); raises CompileError for what it cannot hold."""
+    """The Relax module pass (see the module docstring); raises CompileError for what it cannot hold.
+    8-bit inputs and outputs must be whole words (``wgsl_words.refuse_unaligned_8_bit_boundary``)."""
     import tvm
     from tvm import relax
 
     @relax.expr_functor.mutator
     class _Widen(relax.PyExprMutator):
+        # ``unpacked``: {8-bit parameter: its int32 values} of the function being visited (``_widened``)
+
+        def visit_var_(self, var):
+            found = [v for p, v in self.unpacked.items() if p.same_as(var)]
+            return found[0] if found else super().visit_var_(var)
+
         def visit_generic_const_(self, const):
             value = const_value(const)
             if value is not None and str(value.dtype) in EIGHT_BITS:
@@ -63,6 +70,8 @@ def hold_8_bits_in_32(model: str = "the model"):
             return const
 
         def visit_call_(self, call):
+            if op_name(call) == "relax.memory.view" and any(p.same_as(call.args[0]) for p in self.unpacked):
+                return call  # pre-processing's own word reads of the caller's buffer
             call = super().visit_call_(call)
             if op_name(call) != "relax.astype" or str(call.attrs.dtype) not in EIGHT_BITS:
                 return call
@@ -74,53 +83,29 @@ def hold_8_bits_in_32(model: str = "the model"):
                     "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
             return source if dtype_of(source) == "int32" else relax.op.astype(source, "int32")
 
+    def _widened(widen, func):
+        """``func`` with 8-bit tensors in int32, its 8-bit inputs unpacked from words first and its 8-bit
+        outputs packed into words last."""
+        if not is_public(func):  # called from the model itself, with its widened tensors
+            return widen.visit_expr(func)
+        bb = widen.builder_
+        prologue, widen.unpacked = unpack_inputs(bb, func, byte_inputs(func))
+        body = widen.visit_expr(func).body
+        widen.unpacked = {}
+        epilogue, result = pack_outputs(bb, func, body.body, func.body.body.ty)
+        blocks = [b for b in (prologue, *body.blocks, epilogue) if len(b.bindings)]
+        bb.begin_scope(list(func.params))
+        seq = bb.normalize(relax.SeqExpr(blocks, result))
+        bb.end_scope()
+        return relax.Function(list(func.params), seq, None, func.is_pure, func.attrs)
+
     @tvm.transform.module_pass(opt_level=0, name="EdgepackHold8BitsIn32")
     def _pass(mod, _ctx):
         widen = _Widen(mod)
+        widen.unpacked = {}
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                widen.builder_.update_func(gvar, widen.visit_expr(func))
+                widen.builder_.update_func(gvar, _widened(widen, func))
         return widen.builder_.get()
 
     return _pass
-
-
-def _read_other_than_as_words(func) -> list:
-    """The variables of ``func`` some call reads other than through ``memory.view`` (compiled-in
-    pre-processing reads a uint8 frame as 32-bit words that way, ``processing/frames.py``)."""
-    from tvm import relax
-
-    found = []
-
-    def visit(expr) -> None:
-        if isinstance(expr, relax.Call) and op_name(expr) != "relax.memory.view":
-            found.extend(a for a in expr.args if isinstance(a, relax.Var))
-        elif isinstance(expr, relax.Tuple):
-            found.extend(f for f in expr.fields if isinstance(f, relax.Var))
-
-    relax.analysis.post_order_visit(func.body, visit)
-    return found
-
-
-def refuse_8_bit_boundary(mod, model: str = "the model") -> None:
-    """A CompileError where a Relax function of ``mod`` takes an 8-bit tensor it reads other than as
-    32-bit words, or gives one."""
-    from tvm import relax
-
-    for _gvar, func in mod.functions_items():
-        if not isinstance(func, relax.Function):
-            continue
-        inputs = func.params[:int(func.attrs["num_input"])] if func.attrs and "num_input" in func.attrs else func.params
-        read_otherwise = _read_other_than_as_words(func)
-        eight = [f"input {p.name} ({dtype_of(p)})" for p in inputs
-                 if dtype_of(p) in EIGHT_BITS and any(p.same_as(v) for v in read_otherwise)]
-        ret = func.body.body if hasattr(func.body, "body") else None
-        outputs = list(ret.fields) if isinstance(ret, relax.Tuple) else [ret] if ret is not None else []
-        eight += [f"an output ({dtype_of(o)})" for o in outputs if dtype_of(o) in EIGHT_BITS]
-        if eight:
-            raise CompileError(
-                f"{model} takes or gives 8-bit tensors ({', '.join(eight)}); WGSL has no 8-bit integers, so a "
-                "Vulkan build cannot share them with the caller.",
-                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), or use an export of the "
-                "model with float inputs and outputs (quantized inside, as QDQ ONNX models are).")
-

@@ -1,0 +1,205 @@
+"""8-bit model inputs and outputs of a Vulkan build, read and written as 32-bit words of the caller's buffer.
+
+Inside the model every 8-bit tensor is held in int32 (``wgsl_bytes.py``: WGSL has no 8-bit type), but the
+caller's buffers stay 8-bit: the model's signature is the one LiteRT and ONNX Runtime take, and the C
+runner, C bundles and the Python API pass int8/uint8 arrays. So the same buffer is seen as int32 words:
+
+- an 8-bit input of N bytes is viewed as N/4 int32 words (``memory.view``, which the VM runs as the
+  runtime's ``TVMTensorCreateView``: same memory, no copy) and one kernel unpacks each value from its
+  word (little-endian, as WebGPU buffers are: byte k of a word is its bits 8k..8k+7; int8 moved to the top
+  and shifted back down, which extends its sign);
+- an 8-bit output of N bytes is made as ceil(N/4) words by one kernel packing four values per word (the
+  low 8 bits of each: what a cast to 8 bits keeps) and viewed as the 8-bit tensor (a view may be smaller
+  than its buffer: a classifier's 10 int8 scores are 3 words).
+
+The runtime makes no view larger than its buffer, so an 8-bit input must be a whole number of words (its
+byte count a multiple of 4, known at compile time); any other is refused by name
+(``refuse_unaligned_8_bit_boundary``), as is an 8-bit output of a size unknown at compile time. An input
+that compiled-in pre-processing already reads as words (``processing/frames.py``) is left as it is.
+"""
+
+from __future__ import annotations
+
+import math
+
+from edgepack.backends.relax_exprs import dtype_of, op_name, static_shape
+from edgepack.errors import CompileError
+
+EIGHT_BITS = ("int8", "uint8")
+INJECTIVE = 2  # TVM's OpPatternKind kInjective: the word reads are gathers its analysis does not recognise
+
+
+def _read_other_than_as_words(func) -> list:
+    """The variables of ``func`` some call reads other than through ``memory.view`` (compiled-in
+    pre-processing reads a uint8 frame as 32-bit words that way, ``processing/frames.py``)."""
+    from tvm import relax
+
+    found = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and op_name(expr) != "relax.memory.view":
+            found.extend(a for a in expr.args if isinstance(a, relax.Var))
+        elif isinstance(expr, relax.Tuple):
+            found.extend(f for f in expr.fields if isinstance(f, relax.Var))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def _outputs(expr) -> list:
+    """The tensors a function gives: ``expr`` (its result) or the fields of its tuple."""
+    from tvm import relax
+
+    if isinstance(expr, relax.Tuple):
+        return [o for f in expr.fields for o in _outputs(f)]
+    return [expr]
+
+
+def is_public(func) -> bool:
+    """Whether a Relax function is one the caller calls (its 8-bit tensors are the caller's buffers)."""
+    return func.attrs is not None and "global_symbol" in func.attrs
+
+
+def byte_inputs(func) -> list:
+    """The 8-bit inputs of a Relax function that it reads as values (not only as words)."""
+    attrs = func.attrs
+    inputs = func.params[:int(attrs["num_input"])] if attrs and "num_input" in attrs else func.params
+    read = _read_other_than_as_words(func)
+    return [p for p in inputs if dtype_of(p) in EIGHT_BITS and any(p.same_as(v) for v in read)]
+
+
+def refuse_unaligned_8_bit_boundary(mod, model: str = "the model") -> None:
+    """A CompileError where a Relax function of ``mod`` takes an 8-bit tensor that is not a whole number
+    of 32-bit words, or takes or gives one of a size unknown at compile time."""
+    from tvm import relax
+
+    for _gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not is_public(func):
+            continue
+        odd = [f"an output ({dtype_of(o)}, of a size unknown at compile time)" for o in _outputs(func.body.body)
+               if dtype_of(o) in EIGHT_BITS and static_shape(o) is None]
+        for p in byte_inputs(func):
+            shape = static_shape(p)
+            if shape is None:
+                odd.append(f"input {p.name} ({dtype_of(p)}, of a size unknown at compile time)")
+            elif math.prod(shape) % 4:
+                odd.append(f"input {p.name} ({dtype_of(p)}{list(shape)}, {math.prod(shape)} bytes)")
+        if odd:
+            raise CompileError(
+                f"{model} takes or gives 8-bit tensors that are not a whole number of 32-bit words "
+                f"({', '.join(odd)}). WGSL has no 8-bit integers, so a Vulkan build reads an 8-bit input as 32-bit "
+                "words of the caller's buffer, which must then hold a multiple of 4 bytes, and writes an 8-bit output "
+                "as words, which needs its size at compile time.",
+                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), give the tensor a static "
+                "shape of a multiple of 4 bytes (--input-shape), or use an export of the model with float inputs "
+                "and outputs.")
+
+
+def _flat(index, shape):
+    """The row-major offset of ``index`` (int32 expressions) in ``shape``."""
+    from tvm import tirx
+
+    index = [tirx.Cast("int32", i) for i in index]
+    offset = index[0]
+    for i, d in zip(index[1:], shape[1:]):
+        offset = offset * d + i
+    return offset
+
+
+def _unpack(shape: tuple[int, ...], dtype: str):
+    """The TE function making the int32 values of an 8-bit tensor of ``shape`` from its int32 words."""
+    from tvm import te, tirx
+
+    def compute(words):
+        def value(*index):
+            i = _flat(index, shape)
+            word, byte = words[tirx.shift_right(i, 2)], tirx.bitwise_and(i, 3)
+            if dtype == "int8":  # the byte to the top, then back down: the shift copies its sign bit
+                return tirx.shift_right(tirx.shift_left(word, (3 - byte) * 8), 24)
+            return tirx.bitwise_and(tirx.shift_right(word, byte * 8), 255)
+        return te.compute(shape, value, name="unpack_bytes")
+
+    return compute
+
+
+def _pack(size: int):
+    """The TE function making the int32 words of ``size`` 8-bit values from their int32 values (flat): the
+    low byte of each; the last word's bytes beyond ``size`` (if any) repeat the last value, unseen by the
+    caller, whose view ends before them."""
+    from tvm import te, tirx
+
+    def compute(values):
+        def byte(w, k):
+            i = w * 4 + k
+            return tirx.bitwise_and(values[tirx.min(i, size - 1) if size % 4 else i], 255)
+
+        def word(w):
+            out = byte(w, 0)
+            for k in range(1, 4):
+                out = tirx.bitwise_or(out, tirx.shift_left(byte(w, k), 8 * k))
+            return out
+        return te.compute(((size + 3) // 4,), word, name="pack_bytes")
+
+    return compute
+
+
+def unpack_inputs(bb, func, inputs: list):
+    """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) reading each of
+    ``inputs`` as words and unpacking them; returns (the block, {parameter: its int32 values})."""
+    from tvm import relax
+
+    R = relax.op
+    values = {}
+    bb.begin_scope(list(func.params))
+    bb._begin_dataflow_block()
+    for p in inputs:
+        shape = static_shape(p)
+        words = bb.emit(R.memory.view(p, relax.ShapeExpr([math.prod(shape) // 4]), "int32"), name_hint=f"{p.name}_words")
+        unpacked = bb.call_te(_unpack(shape, dtype_of(p)), words, primfunc_name_hint="unpack_bytes",
+                              primfunc_attrs={"op_pattern": INJECTIVE})
+        values[p] = bb.emit_output(unpacked, name_hint=f"{p.name}_i32")
+    block = bb._end_block()
+    bb.end_scope()
+    return block, values
+
+
+def _has_bytes(types) -> bool:
+    from tvm import relax
+
+    if isinstance(types, relax.TupleType):
+        return any(_has_bytes(t) for t in types.fields)
+    return str(getattr(types, "dtype", "")) in EIGHT_BITS
+
+
+def _packed(bb, result, types):
+    """``result`` with each tensor that ``types`` says is 8-bit (and is int32 in ``result``) packed into
+    words and viewed as that 8-bit tensor, emitted into ``bb``'s dataflow block."""
+    from tvm import relax
+
+    R = relax.op
+    if not _has_bytes(types):
+        return result
+    if isinstance(types, relax.TupleType):
+        fields = result.fields if isinstance(result, relax.Tuple) else [
+            bb.emit_output(relax.TupleGetItem(result, i)) for i in range(len(types.fields))]
+        return relax.Tuple([_packed(bb, f, t) for f, t in zip(fields, types.fields)])
+    dtype = str(types.dtype)
+    if dtype_of(result) == dtype:  # e.g. an input given back as it is
+        return result
+    shape = static_shape(result)
+    flat = bb.emit(R.reshape(result, (math.prod(shape),)))
+    packed = bb.emit(bb.call_te(_pack(math.prod(shape)), flat, primfunc_name_hint="pack_bytes",
+                                primfunc_attrs={"op_pattern": INJECTIVE}), name_hint="out_words")
+    return bb.emit_output(R.memory.view(packed, relax.ShapeExpr(list(shape)), dtype), name_hint=f"out_{dtype}")
+
+
+def pack_outputs(bb, func, result, types):
+    """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) packing the 8-bit
+    outputs of ``result`` (the widened result of ``func``, whose original result type is ``types``);
+    returns (the block, the new result)."""
+    bb.begin_scope(list(func.params))
+    bb._begin_dataflow_block()
+    result = _packed(bb, result, types)
+    block = bb._end_block()
+    bb.end_scope()
+    return block, result
