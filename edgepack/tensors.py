@@ -50,7 +50,9 @@ def contiguous(array: Any) -> np.ndarray:
 
 
 def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs that respect each input's dtype: [0, 1) floats, small non-negative integers."""
+    """Seeded inputs that respect each input's dtype: [0, 1) floats, 8-bit integers over their whole range
+    (a quantized model's pixels or activations: a build that drops their sign or swaps their bytes then
+    differs from the reference), wider integers small and non-negative (indices, lengths)."""
     rng = np.random.default_rng(seed)
     inputs = {}
     for spec in specs:
@@ -62,7 +64,8 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> dict[str, np.
             value = rng.random(shape, dtype=np.float32).astype(dtype)
         elif np.issubdtype(dtype, np.integer):
             info = np.iinfo(dtype)
-            value = rng.integers(max(info.min, 0), min(info.max, 10) + 1, size=shape, dtype=dtype)
+            low, high = (info.min, info.max) if dtype.itemsize == 1 else (max(info.min, 0), min(info.max, 10))
+            value = rng.integers(low, high + 1, size=shape, dtype=dtype)
         else:
             raise ShapeError(f"Cannot make random data for input {spec.name!r} of dtype {spec.dtype}.",
                              "Pass the inputs with --inputs inputs.npz.")

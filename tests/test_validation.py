@@ -15,7 +15,7 @@ from mutation import MUTATIONS, wrong_build
 from edgepack.compiling import compile_model
 from edgepack.degenerate import degeneracy, input_independent
 from edgepack.run.results import RunOutputs
-from edgepack.tensors import TensorSpec
+from edgepack.tensors import TensorSpec, random_inputs
 from edgepack.validation import compare_outputs, validate
 
 ATOL, RTOL = 1e-4, 1e-3
@@ -45,6 +45,17 @@ def test_degenerate_references_are_named(values, why):
 ])
 def test_informative_references_are_not_degenerate(values):
     assert degeneracy(values, ATOL, RTOL) == ""
+
+
+def test_random_inputs_span_8_bit_ranges_and_keep_wider_integers_small():
+    """8-bit inputs (quantized pixels, activations) over their whole range, negatives included: a build that
+    drops an int8 input's sign passed validation on 0..10. Wider integers stay small (indices, lengths)."""
+    specs = (TensorSpec("a", "int8", (4096,)), TensorSpec("b", "uint8", (4096,)), TensorSpec("c", "int64", (64,)))
+    drawn = random_inputs(specs, seed=0)
+    assert drawn["a"].min() == -128 and drawn["a"].max() == 127 and (drawn["a"] < 0).mean() > 0.4
+    assert drawn["b"].min() == 0 and drawn["b"].max() == 255
+    assert 0 <= drawn["c"].min() and drawn["c"].max() <= 10
+    assert all(v.dtype == s.dtype for v, s in zip(drawn.values(), specs))
 
 
 def test_input_independence_needs_two_equal_outputs():

@@ -402,14 +402,6 @@ def test_a_dynamically_quantized_recognizer_on_vulkan_matches_onnxruntime(lavapi
 # 8-bit inputs and outputs: the caller's 8-bit buffers read and written as 32-bit words (wgsl_words.py)
 
 
-def _full_range(specs, seed: int) -> dict[str, np.ndarray]:
-    """Inputs over the whole range of each (8-bit) dtype: ``random_inputs`` draws 0..10, no negative
-    int8, which a build that loses the sign of its inputs would pass."""
-    rng = np.random.default_rng(seed)
-    return {s.name: rng.integers(np.iinfo(s.dtype).min, np.iinfo(s.dtype).max + 1, tuple(s.shape)).astype(s.dtype)
-            for s in specs}
-
-
 def _byte_swapped(word):
     """A TIR int32 expression: ``word`` with its four bytes in the other order."""
     from tvm import tirx
@@ -474,7 +466,7 @@ def test_an_int8_tflite_model_with_int8_input_and_output_on_vulkan_matches_liter
     assert "unpack_bytes_kernel" in names and any("pack_bytes" in n and "unpack" not in n for n in names), names
     check_gpu_build(build, "vulkan", "host-vulkan", models["resnet8_int8"])
     for seed in (3, 4):
-        report = validate(build, "host-vulkan", inputs=_full_range(manifest.inputs, seed))
+        report = validate(build, "host-vulkan", inputs=random_inputs(manifest.inputs, seed))
         assert report.passed and not report.degenerate, report.to_dict()
         assert report.outputs[0].dtype == "int8" and report.outputs[0].max_abs_error <= 1, report.to_dict()
 
@@ -489,10 +481,10 @@ def test_8_bit_inputs_and_outputs_of_any_shape_stay_8_bit_for_the_caller(lavapip
     assert [s.dtype for s in manifest.inputs] == ["uint8", "int8"]
     assert [s.dtype for s in manifest.outputs] == ["uint8", "int8", "int8", "int8"]
     for seed in (0, 1):
-        report = validate(build, "host-vulkan", inputs=_full_range(manifest.inputs, seed))
+        report = validate(build, "host-vulkan", inputs=random_inputs(manifest.inputs, seed))
         assert report.passed and not report.degenerate, report.to_dict()
         assert all(o.max_abs_error <= 1 for o in report.outputs), report.to_dict()
-    inputs = _full_range(manifest.inputs, 2)
+    inputs = random_inputs(manifest.inputs, 2)
     expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
     for spec, actual, want in zip(manifest.outputs, _c_runner_outputs(build, tmp_path, inputs), expected):
         assert actual.dtype == want.dtype and actual.shape == want.shape, spec.name
@@ -508,7 +500,7 @@ def test_a_wrong_8_bit_boundary_fails_validation_on_lavapipe(lavapipe, monkeypat
     model = onnx_8_bit_io(tmp_path / "io8.onnx")
     _wrong_words(monkeypatch, mutation)
     build = compile_model(model, "vulkan-generic", tmp_path / "b").output_dir
-    report = validate(build, "host-vulkan", inputs=_full_range(read_manifest(build).inputs, 0))
+    report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, 0))
     assert not report.passed and any(o.mismatched > 0 for o in report.outputs), report.to_dict()
 
 
