@@ -434,22 +434,34 @@ def _wrong_words(monkeypatch, mutation: str) -> None:
         monkeypatch.setattr(wgsl_words, "_pack", swapped_pack)
 
 
-def _c_runner_outputs(build: Path, tmp_path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The build run by the C runner on this machine (host/model.so, the plug-in and wgpu-native side by
-    side, as in a C bundle's lib/), on lavapipe."""
-    from edgepack.run.c_runner import run_c_runner
+def _c_runner_and_lib(build: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The C runner built for this machine, and a lib/ holding the build's host/model.so and metadata, as
+    a C bundle's lib/ does (``_add_vulkan_plugin`` puts the plug-in and wgpu-native beside them)."""
     from edgepack.toolchain.c_programs import build_c_program
     from edgepack.toolchain.tvm_runtime import host_runtime
 
-    manifest = read_manifest(build)
     runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
     lib = tmp_path / "lib"
     lib.mkdir()
     shutil.copy(build / "host" / "model.so", lib / "model.so")
     shutil.copy(build / "device" / "model.meta", lib / "model.meta")
+    return runner, lib
+
+
+def _add_vulkan_plugin(lib: Path) -> None:
     plugin = VULKAN.plugin(HOST_TRIPLE)
     shutil.copy(plugin.shared, lib / VULKAN.recipe.shared)
     shutil.copy(plugin.files(static=False)[f"lib/{WGPU_LIBRARY}"], lib / WGPU_LIBRARY)
+
+
+def _c_runner_outputs(build: Path, tmp_path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The build run by the C runner on this machine (host/model.so, the plug-in and wgpu-native side by
+    side, as in a C bundle's lib/), on lavapipe."""
+    from edgepack.run.c_runner import run_c_runner
+
+    manifest = read_manifest(build)
+    runner, lib = _c_runner_and_lib(build, tmp_path)
+    _add_vulkan_plugin(lib)
     return run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs).outputs
 
 
@@ -465,7 +477,10 @@ def test_an_int8_tflite_model_with_int8_input_and_output_on_vulkan_matches_liter
     names = [k.name for k in edgepack.kernels(build).kernels]
     assert "unpack_bytes_kernel" in names and any("pack_bytes" in n and "unpack" not in n for n in names), names
     check_gpu_build(build, "vulkan", "host-vulkan", models["resnet8_int8"])
-    for seed in (3, 4):
+    # full-range noise: seed 3 is an input on which LiteRT's own kernels disagree by up to 45 steps (XNNPACK
+    # -99 / -14, its built-in ones -111 / 31, the reference ones -114 / 33) and every edgepack build, CPU
+    # and GPU, is 4 steps from XNNPACK: no comparison point
+    for seed in (0, 1):
         report = validate(build, "host-vulkan", inputs=random_inputs(manifest.inputs, seed))
         assert report.passed and not report.degenerate, report.to_dict()
         assert report.outputs[0].dtype == "int8" and report.outputs[0].max_abs_error <= 1, report.to_dict()
@@ -631,22 +646,14 @@ def test_c_api_runs_a_vulkan_model_with_the_plugin_next_to_it(lavapipe, vk_build
     """The C runner (no Python) on this machine: host/model.so + libtvm_vulkan.so + libwgpu_native.so
     side by side, as in a C bundle's lib/, on lavapipe."""
     from edgepack.run.c_runner import run_c_runner
-    from edgepack.toolchain.c_programs import build_c_program
-    from edgepack.toolchain.tvm_runtime import host_runtime
 
     build = vk_build("mobilenetv2")
     manifest = read_manifest(build)
-    runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    shutil.copy(build / "host" / "model.so", lib / "model.so")
-    shutil.copy(build / "device" / "model.meta", lib / "model.meta")
+    runner, lib = _c_runner_and_lib(build, tmp_path)
     inputs = random_inputs(manifest.inputs, seed=11)
     with pytest.raises(EdgepackError, match="libtvm_vulkan.so"):  # what is missing, by name
         run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
-    plugin = VULKAN.plugin(HOST_TRIPLE)
-    shutil.copy(plugin.shared, lib / VULKAN.recipe.shared)
-    shutil.copy(plugin.files(static=False)[f"lib/{WGPU_LIBRARY}"], lib / WGPU_LIBRARY)
+    _add_vulkan_plugin(lib)
     result = run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
     expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
     for spec, actual, want in zip(manifest.outputs, result.outputs, expected):
