@@ -5,6 +5,10 @@ Places (``--profile``, ``--on``):
 
 * ``host`` (default): the case compiled for this machine by the profile's backend and run in TVM's
   Relax VM, as ``validate --on host`` runs a build.
+* ``--profile vulkan-generic|mali-g610 --on gpu``: the case compiled for the GPU profile as ``edgepack
+  compile`` does and run on this machine's driver (lavapipe, PoCL) as ``validate --on host-vulkan`` /
+  ``host-opencl`` runs a build (each run in a child process: a driver abort is that case's error).
+  Not cached: every run compiles.
 * ``--profile rpi4|rpi3 --on emulator``: the case compiled for the profile's target, linked with its
   cross compiler into the device library the C API loads (``compiling.export_device_library``, the
   metadata embedded), and run by edgepack's C runner (``run.c_runner``) under qemu-user on ``.npy``
@@ -49,7 +53,8 @@ CACHE_VERSION = "2"  # bump when what a cache entry holds, or how it is made her
 
 @dataclass(frozen=True)
 class Place:
-    """Where a sweep runs its cases: ``host``, or ``emulator`` with a device profile."""
+    """Where a sweep runs its cases: ``host``, ``emulator`` with a device profile, or ``gpu`` with a GPU
+    profile (this machine's driver)."""
 
     profile: str = "host"
     on: str = "host"
@@ -61,12 +66,21 @@ class Place:
 
     @property
     def label(self) -> str:
+        if self.on == "gpu":
+            return f"{self.profile} (this machine's GPU driver)"
         return "host (this machine, Relax VM)" if self.on == "host" else f"{self.profile} (C runner under qemu-user)"
 
 
 def parse_place(profile: str, on: str) -> Place:
-    if on not in ("host", "emulator"):
-        raise SystemExit(f"--on {on}: use host or emulator")
+    if on not in ("host", "emulator", "gpu"):
+        raise SystemExit(f"--on {on}: use host, emulator or gpu")
+    if on == "gpu":
+        from edgepack.backends import backend_for
+        from edgepack.profiles import get_profile
+
+        if backend_for(get_profile(profile)).host_place == "host":
+            raise SystemExit(f"--on gpu needs a GPU profile (vulkan-generic, mali-g610 ...), not {profile}")
+        return Place(profile, on)
     if on == "emulator":
         from edgepack.profiles import get_profile
 
@@ -213,6 +227,8 @@ def run_model(place: Place, case: str, model_path: Path, shapes: dict, inputs: d
     ``ImportedModel``) and raises ``CaseError`` for import failures."""
     if place.on == "host":
         return _run_on_host(place, inputs, import_model()), False
+    if place.on == "gpu":
+        return _run_on_gpu(place, model_path, shapes, inputs, import_model), False
     return _run_on_emulator(place, case, model_path, shapes, inputs, import_model)
 
 
@@ -237,6 +253,34 @@ def _run_on_host(place: Place, inputs: dict, imported) -> list:
     except Exception as exc:  # noqa: BLE001
         raise CaseError("run", f"{type(exc).__name__}: {last_line(str(exc))}") from exc
     return out
+
+
+def _run_on_gpu(place: Place, model_path: Path, shapes: dict, inputs: dict,
+                import_model: Callable[[], object]) -> list:
+    import tempfile
+
+    from edgepack.backends import backend_for
+    from edgepack.compiling import compile_model
+    from edgepack.errors import EdgepackError
+    from edgepack.profiles import get_profile
+    from edgepack.run.places import parse_place as place_named
+
+    import_model()  # an import failure is recorded as such, as at the other places
+    backend = backend_for(get_profile(place.profile))
+    with tempfile.TemporaryDirectory(prefix="edgepack-conformance-") as tmp:
+        try:
+            build = compile_model(model_path, place.profile, Path(tmp) / "build", input_shapes=shapes)
+        except EdgepackError as exc:
+            raise CaseError("compile", f"{exc} {exc.hint}".strip()) from exc
+        except Exception as exc:  # noqa: BLE001 - recorded, not raised
+            raise CaseError("compile", f"{type(exc).__name__}: {last_line(str(exc))}") from exc
+        try:
+            ran = place_named(backend.host_place).run(build.output_dir, build.manifest, inputs, threads=1)
+        except EdgepackError as exc:
+            raise CaseError("run", str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001
+            raise CaseError("run", f"{type(exc).__name__}: {last_line(str(exc))}") from exc
+    return list(ran.arrays)
 
 
 def _run_on_emulator(place: Place, case: str, model_path: Path, shapes: dict, inputs: dict,

@@ -3,6 +3,7 @@
 
     python scripts/onnx_conformance.py                          # every case on this machine, 2 workers
     python scripts/onnx_conformance.py --profile rpi4 --on emulator   # cross-compiled, C runner under qemu
+    python scripts/onnx_conformance.py --profile vulkan-generic --on gpu --sample 8   # lavapipe (PoCL: mali-g610)
     python scripts/onnx_conformance.py --filter 'conv|pool' --jobs 1
     python scripts/onnx_conformance.py --resume                 # continue an interrupted run
     python scripts/onnx_conformance.py --markdown docs/conformance.md   # the report: every place run so far
@@ -416,8 +417,9 @@ def deterministic_sample(cases: list[str], every: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="host", help="device profile for --on emulator (rpi4, rpi3, ...)")
-    parser.add_argument("--on", default="host", choices=["host", "emulator"],
-                        help="host: this machine's Relax VM; emulator: the device library by the C runner under qemu")
+    parser.add_argument("--on", default="host", choices=["host", "emulator", "gpu"],
+                        help="host: this machine's Relax VM; emulator: the device library by the C runner under qemu;"
+                        " gpu: a GPU profile's build on this machine's driver (lavapipe, PoCL)")
     parser.add_argument("--filter", help="only cases whose name matches this regular expression")
     parser.add_argument("--sample", type=int, default=1, metavar="N",
                         help="only every N-th case in name order (a deterministic sample)")

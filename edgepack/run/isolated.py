@@ -66,6 +66,10 @@ def run_isolated(function: Callable[..., Any], *args: Any, what: str, build_dir:
     result, or its EdgepackError raised again here. ``what``: what the child does, for the error when a
     signal ends it ("running", "timing"); ``label``: the backend's, for the error. ``fork``: the child is a
     fork of this process (fast; only where no driver is loaded here), else of the forkserver."""
+    if multiprocessing.current_process().daemon:
+        # a daemonic process (a worker of a pool: the conformance sweeps') may have no children; whoever
+        # started it stands in for the child, as its death is theirs to see
+        return function(*args, **kwargs)
     ctx = _context(fork)
     receive, send = ctx.Pipe(duplex=False)
     with tempfile.NamedTemporaryFile(prefix="edgepack-driver-", suffix=".log", delete=False) as log:
