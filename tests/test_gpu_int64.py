@@ -403,3 +403,18 @@ def test_silero_vad_8k_keeps_the_if_on_sr(lavapipe, cross_compiler, models, tmp_
     for sr in (8000, 16000, 2**40 + 16000, -(2**32) + 16000):
         _assert_validates(build, _vad_inputs(288, sr))
     _assert_validates(build)  # random inputs: sr in 0..10 takes the 8 kHz arm in both
+
+
+def test_topk_of_an_int64_input_is_refused_by_name_not_by_a_traceback(cross_compiler, tmp_path):
+    """TopK's values are its input's: an int64 input (any value) returned as they are needs 64 bits. The
+    prover gave TopK's int64 values no fact and stopped with an AttributeError (found by the ONNX
+    conformance sweep on lavapipe); its indices alone stay narrowable."""
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    model = _save(tmp_path / "topk_i64.onnx", [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=0)],
+                  [_info("x", T.INT64, [6])], [_info("values", T.INT64, [3]), _info("indices", T.INT64, [3])],
+                  [_init("k", np.array([3], np.int64))])
+    with pytest.raises(CompileError, match="64-bit integers") as err:
+        _compile(model, tmp_path)
+    assert "returns it as int64" in err.value.message, err.value.message

@@ -141,7 +141,9 @@ class Prover:
             for i, t in enumerate(expr.ty.fields):
                 if str(getattr(t, "dtype", "")) != "int64":
                     continue
-                f = facts[i] if isinstance(facts, list) and i < len(facts) else "it is a field of a tuple without a 32-bit rule"
+                f = facts[i] if isinstance(facts, list) and i < len(facts) else None
+                if f is None:  # no fact for an int64 field (TopK's indices): nothing bounds it
+                    f = "it is a field of a tuple without a 32-bit rule"
                 if isinstance(f, str):
                     self.refuse(expr, f"{why}: {f}")
                 elif not f.exact:
@@ -241,7 +243,7 @@ class Prover:
             n = shape[int(attr(call, "axis", -1)) % len(shape)]
             idx = exact(0, max(n - 1, 0))
             if name == "relax.topk" and str(attr(call, "ret_type", "both")) == "both":
-                return [None, idx]
+                return [facts[0] if is_i64(args[0]) else None, idx]  # the values: the input's
             return idx
         if name == "relax.astype":
             src = dtype_of(args[0])
