@@ -897,3 +897,20 @@ def relax_tiny_dynamic():
             return (a, b)
 
     return Module
+
+
+def onnx_cumulative(path: Path, op: str, dtype, exclusive: bool) -> Path:
+    """A 3 x 37 ONNX ``op`` (CumSum / CumProd) along axis 1 of an input of ``dtype`` (np.float32, np.int32)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem = {np.float32: TensorProto.FLOAT, np.int32: TensorProto.INT32}[dtype]
+    graph = helper.make_graph([helper.make_node(op, ["x", "axis"], ["y"], exclusive=int(exclusive))], op.lower(),
+                              [helper.make_tensor_value_info("x", elem, [3, 37])],
+                              [helper.make_tensor_value_info("y", elem, [3, 37])],
+                              initializer=[numpy_helper.from_array(np.array(1, np.int32), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26 if op == "CumProd" else 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path

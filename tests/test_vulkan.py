@@ -16,7 +16,7 @@ import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
-from model_factory import onnx_8_bit_io, onnx_qdq_convs
+from model_factory import onnx_8_bit_io, onnx_cumulative, onnx_qdq_convs
 from mutation import wrong_build
 
 import edgepack
@@ -244,6 +244,18 @@ def test_whole_tensor_reductions_see_every_element_on_lavapipe(lavapipe, tmp_pat
     x.ravel()[-1] = {"max": 9.0, "min": -9.0, "sum": 1000.0}[op]  # past the first 65535 elements
     want = getattr(np, op)(x.astype(np.float64), keepdims=op == "min")
     np.testing.assert_allclose(_run_tiny(built.executable, tmp_path, x), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
+def test_a_scan_is_refused_for_vulkan_by_name(tmp_path, op):
+    """TVM's GPU scans compute wrong in WGSL on lavapipe: an inclusive product of [1, 2, 3, 4, 5] gave [1, 4,
+    9, 4, 20], a sum along 37 elements was 9.6 off (``gpu_scans.py``). Refused at compile time, with the
+    profiles that compute them, and nothing written."""
+    model = onnx_cumulative(tmp_path / f"{op}.onnx", op, np.int32, exclusive=False)
+    with pytest.raises(CompileError, match="cumulative") as err:
+        compile_model(model, "vulkan-generic", tmp_path / "b")
+    assert f"{op}.onnx" in err.value.message and op in err.value.message and "mali-g610" in err.value.hint
+    assert not (tmp_path / "b").exists()
 
 
 def test_partial_and_short_reductions_are_left_to_tvm():

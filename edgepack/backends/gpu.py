@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
 from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.folding import fold_constant_calls
+from edgepack.backends.gpu_scans import gpu_scans
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.program_sizes import measuring
@@ -415,6 +416,9 @@ class GpuBackend(Backend):
 
     #: How the kernel language keeps a scaled integer sum from fusing with what is added to it
     #: (``separate_products.py``): "statement" where its compiler contracts only within an expression
+    #: whether topi's up-sweep / down-sweep scan kernels compute right in this backend's language
+    #: (``gpu_scans.py``)
+    topi_scans: ClassVar[bool] = True
     scaled_sums: ClassVar[str] = "statement"
 
     def tir_pipeline(self) -> str:
@@ -437,8 +441,9 @@ class GpuBackend(Backend):
 
     def relax_passes(self, model: str) -> list[Any]:
         """Relax passes this backend's code generator needs, run after the 8-bit rewrites
-        (``backends/integer.py``), before TVM's own passes."""
-        return []
+        (``backends/integer.py``), before TVM's own passes: scans on the kernels that compute them right
+        (``gpu_scans.py``)."""
+        return [gpu_scans(model, self.topi_scans)]
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         """The error to raise when TVM fails to compile ``imported`` (as ``prepare`` left it) for ``target``."""

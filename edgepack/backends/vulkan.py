@@ -25,6 +25,7 @@ from typing import Any
 
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size
+from edgepack.backends.gpu_scans import SCAN_REFUSAL
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32
@@ -167,6 +168,7 @@ class VulkanBackend(GpuBackend):
     # defaults, which wgpu-native guarantees on every adapter (maxStorageBuffersPerShaderStage 8: lavapipe
     # allows 32, the Vulkan minimum is 4; maxStorageBufferBindingSize 128 MiB)
     default_limits = GpuLimits(storage_buffers=8, buffer_size=128 << 20)
+    topi_scans = False  # wrong in WGSL on lavapipe (``gpu_scans.py``)
     scaled_sums = "opaque"  # naga marks nothing exact: lavapipe reassociated a bias (separate_products.py)
 
     def split_source(self, source: str) -> dict[str, str]:
@@ -185,7 +187,7 @@ class VulkanBackend(GpuBackend):
 
     def relax_passes(self, model: str) -> list[Any]:
         # WGSL has no 8-bit integers (``wgsl_bytes.py``); lavapipe stops long loops (``split_long_reductions``)
-        return [hold_8_bits_in_32(model), split_long_reductions()]
+        return [hold_8_bits_in_32(model), split_long_reductions(), *super().relax_passes(model)]
 
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
@@ -203,6 +205,9 @@ class VulkanBackend(GpuBackend):
         text = f"{exc.__cause__ or ''} {exc.message}"
         if WRAPPING_CAST in text:  # ``hold_8_bits_in_32``'s refusal, wrapped by TVM's pass machinery
             return CompileError(text[text.index(imported.info.path.name + " casts"):].split(" Compile it")[0].strip(),
+                                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
+        if SCAN_REFUSAL in text:  # ``gpu_scans``' refusal, wrapped likewise
+            return CompileError(text[text.index(imported.info.path.name + " has a"):].split(" Compile it")[0].strip(),
                                 "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
         if "do not support i64" in text or "do not support u64" in text:
             try:  # name the kernels that still hold 64-bit buffers (e.g. an operator without a 32-bit rule)
