@@ -238,6 +238,7 @@ def _collect_kernels(mod, kernels: dict[str, dict[str, Any]]) -> None:
             "params": tuple(str(p) for p in params),
             "extents": extents,
             "args": tuple(_param_type(p) for p in func.params),
+            "buffer_types": tuple(_param_type(p, element=True) for p in func.params if _param_type(p) == "handle"),
             "workgroup_memory": _workgroup_memory(func.body),
         }
 
@@ -291,13 +292,14 @@ def _largest_buffers(mod, sizes: dict[str, int]) -> None:
             sizes[gvar.name_hint] = found[0]
 
 
-def _param_type(var) -> str:
-    """"handle" for a buffer pointer, else the scalar dtype of a kernel parameter."""
+def _param_type(var, element: bool = False) -> str:
+    """"handle" for a buffer pointer (with ``element``: the dtype of its elements), else the scalar dtype
+    of a kernel parameter."""
     import tvm
 
     ty = var.ty
     if isinstance(ty, tvm.ir.PointerType):
-        return "handle"
+        return str(getattr(ty.element_type, "dtype", "handle")) if element else "handle"
     return str(getattr(ty, "dtype", ty))
 
 
