@@ -822,6 +822,20 @@ def onnx_bool_io(path: Path, *, valid: tuple[int, ...] = (2, 6)) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_nan_to_zero(path: Path) -> Path:
+    """``x`` float32 [4, 8] in; ``y``: ``x`` with its NaNs replaced by 0 (IsNaN, Where) and ``nan`` (bool)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("IsNaN", ["x"], ["nan"]), helper.make_node("Where", ["nan", "zero", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "nan_to_zero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+         helper.make_tensor_value_info("nan", TensorProto.BOOL, [4, 8])],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return _save_opset17(graph, path)
+
+
 def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
     """Convolutions as ``onnxruntime.quantization.quantize_dynamic`` leaves them: each float input quantized
     at run time (DynamicQuantizeLinear: uint8, its zero point from the values' range), a ConvInteger over it

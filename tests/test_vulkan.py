@@ -16,7 +16,7 @@ import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
-from model_factory import onnx_8_bit_io, onnx_bool_io, onnx_bool_masks, onnx_qdq_convs
+from model_factory import onnx_8_bit_io, onnx_bool_io, onnx_bool_masks, onnx_nan_to_zero, onnx_qdq_convs
 from mutation import wrong_build
 
 import edgepack
@@ -580,6 +580,16 @@ def test_a_bool_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tmp_
     result = run_cli("compile", str(model), "-p", "vulkan-generic", "-o", str(tmp_path / "out"))
     assert_clean_error(result, "valid", "bool[1, 6]", "6 bytes", "32-bit words", "mali-g610")
     assert not (tmp_path / "out").exists()
+
+
+def test_isnan_finds_nans_on_lavapipe(lavapipe, tmp_path):
+    """WGSL lets a compiler assume no NaN, and lavapipe folds TVM's ``x != x`` to false: IsNaN reads the
+    bits instead, so NaNs (and only they, not infinities) are found."""
+    build = compile_model(onnx_nan_to_zero(tmp_path / "nan.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    x = np.random.default_rng(0).random((4, 8), dtype=np.float32)
+    x[0, :3], x[1, 5], x[2, 2], x[3, 7] = np.nan, np.inf, -np.inf, -np.nan
+    report = validate(build, "host-vulkan", inputs={"x": x})
+    assert report.passed and not report.degenerate, report.to_dict()
 
 
 def test_a_shader_with_a_bool_buffer_is_refused_at_compile_time_by_name():

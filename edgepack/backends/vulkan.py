@@ -8,7 +8,8 @@ registers ``device_api.webgpu`` (TVM's device type 15) and ``ffi.Module.load_fro
 dlopen()s ``libwgpu_native.so`` (next to itself first) when the device is first used.
 
 WGSL has no 64-bit integers: ``VulkanBackend.prepare`` narrows the model's int64 tensors to int32 where
-that is provably exact, and refuses by ONNX node name what really needs 64 bits (``backends.int64``).
+that is provably exact, and refuses by ONNX node name what really needs 64 bits (``backends.int64``). Nor
+8-bit integers or bools in buffers: those tensors are held in int32 (``wgsl_bytes.py``, ``wgsl_bools.py``).
 """
 
 from __future__ import annotations

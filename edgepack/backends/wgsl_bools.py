@@ -22,6 +22,8 @@ from __future__ import annotations
 from edgepack.backends.relax_exprs import const_value, dtype_of, op_name
 from edgepack.backends.wgsl_words import BYTES, byte_inputs, is_public, pack_outputs, unpack_inputs
 
+ELEMWISE = 0  # TVM's OpPatternKind kElemWise: ``isnan_bits`` fuses as ``isnan`` would
+
 # Operators whose result takes its dtype from their (data) operands and that only move or pick values:
 # they move the int32 0/1 of a widened bool as they would its bytes.
 _FOLLOWING = frozenset(f"relax.{n}" for n in (
@@ -29,6 +31,19 @@ _FOLLOWING = frozenset(f"relax.{n}" for n in (
     "dynamic_strided_slice", "take", "broadcast_to", "tile", "flip", "repeat", "gather_elements", "gather_nd",
     "scatter_elements", "scatter_nd", "layout_transform",
 ))
+
+
+def _isnan_bits(x):
+    """The TE compute of ``isnan`` as int32 0/1 from the bits of each (float32, or float16 widened exactly)
+    value: an exponent of all ones and a nonzero fraction. WGSL lets a compiler assume no NaN, and lavapipe
+    folds TVM's ``x != x`` to false."""
+    from tvm import te, tirx
+
+    def value(*index):
+        v = x(*index) if x.dtype == "float32" else tirx.Cast("float32", x(*index))
+        bits = tirx.bitwise_and(tirx.reinterpret("int32", v), 0x7FFFFFFF)
+        return tirx.Cast("int32", bits > 0x7F800000)
+    return te.compute(x.shape, value, name="isnan_bits")
 
 
 def _as_bool(expr):
@@ -59,6 +74,10 @@ def hold_bools_in_32(model: str = "the model"):
             return const
 
         def visit_call_(self, call):
+            if op_name(call) == "relax.isnan" and dtype_of(call.args[0]) in ("float16", "float32"):
+                source = self.visit_expr(call.args[0])
+                return self.builder_.call_te(_isnan_bits, source, primfunc_name_hint="isnan_bits",
+                                             primfunc_attrs={"op_pattern": ELEMWISE})
             if op_name(call) in _FOLLOWING:  # the int32 values moved as the bytes were
                 return super().visit_call_(call)
             visited = [self.visit_expr(a) for a in call.args]

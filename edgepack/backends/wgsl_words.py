@@ -16,6 +16,9 @@ The runtime makes no view larger than its buffer, so an 8-bit input must be a wh
 byte count a multiple of 4, known at compile time); any other is refused by name
 (``refuse_unaligned_8_bit_boundary``), as is an 8-bit output of a size unknown at compile time. An input
 that compiled-in pre-processing already reads as words (``processing/frames.py``) is left as it is.
+
+bool inputs and outputs (one byte per element for the caller, held as int32 0/1 inside: ``wgsl_bools.py``)
+cross the same way: unpacked as uint8 (any nonzero byte is 1), packed from their 0/1, refused alike.
 """
 
 from __future__ import annotations
