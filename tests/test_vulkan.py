@@ -562,7 +562,8 @@ def test_a_wrong_bool_rewrite_fails_validation_on_lavapipe(lavapipe, monkeypatch
 
 def test_bool_inputs_and_outputs_stay_one_byte_per_element_for_the_caller(lavapipe, tmp_path):
     """A bool input of 12 bytes (3 words) and bool outputs of 12 and 5 bytes (And, Xor, a Slice of a
-    comparison) next to a float one (Where on the input): bool arrays in and out, ONNX Runtime's values."""
+    comparison) next to a float one (Where on the input): bool arrays in and out, through the Python API and
+    the C runner, ONNX Runtime's values."""
     build = compile_model(onnx_bool_io(tmp_path / "io.onnx"), "vulkan-generic", tmp_path / "b").output_dir
     manifest = read_manifest(build)
     assert [s.dtype for s in manifest.inputs] == ["float32", "bool"]
@@ -571,6 +572,20 @@ def test_bool_inputs_and_outputs_stay_one_byte_per_element_for_the_caller(lavapi
     for seed in (0, 1):
         report = validate(build, "host-vulkan", inputs=random_inputs(manifest.inputs, seed))
         assert report.passed and not report.degenerate, report.to_dict()
+    inputs = random_inputs(manifest.inputs, 2)  # the C runner passes bool arrays too
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    for spec, actual, want in zip(manifest.outputs, _c_runner_outputs(build, tmp_path, inputs), expected):
+        assert actual.dtype == want.dtype and np.array_equal(actual, want), spec.name
+
+
+@pytest.mark.parametrize("mutation", ["input_byte_order", "output_byte_order"])
+def test_a_wrong_bool_boundary_fails_validation_on_lavapipe(lavapipe, monkeypatch, tmp_path, mutation):
+    """Negative controls of the bool word reads and writes: the bytes of each input or output word in the
+    other order fail validation."""
+    _wrong_words(monkeypatch, mutation)
+    build = compile_model(onnx_bool_io(tmp_path / "io.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, 0))
+    assert not report.passed and any(o.mismatched > 0 for o in report.outputs), report.to_dict()
 
 
 def test_a_bool_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tmp_path):
