@@ -188,7 +188,7 @@ class VulkanBackend(GpuBackend):
     def relax_passes(self, model: str) -> list[Any]:
         # WGSL has no bool in buffers (``wgsl_bools.py``) nor 8-bit integers (``wgsl_bytes.py``); lavapipe stops
         # long loops (``split_long_reductions``)
-        return [hold_bools_in_32(model), hold_8_bits_in_32(model), split_long_reductions()]
+        return [hold_bools_in_32(), hold_8_bits_in_32(model), split_long_reductions()]
 
     def check_limits(self, name: str, kernels: dict[str, dict[str, Any]], limits: GpuLimits,
                      record: dict[str, str]) -> None:

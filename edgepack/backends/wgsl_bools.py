@@ -53,7 +53,7 @@ def _as_bool(expr):
     return relax.op.astype(expr, "bool")
 
 
-def hold_bools_in_32(model: str = "the model"):
+def hold_bools_in_32():
     """The Relax module pass (see the module docstring). Bool inputs and outputs must be whole words
     (``wgsl_words.refuse_unaligned_8_bit_boundary`` refuses the others first)."""
     import tvm
