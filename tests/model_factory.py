@@ -766,6 +766,76 @@ def onnx_8_bit_io(path: Path) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_bool_masks(path: Path) -> Path:
+    """An ONNX model with internal bool masks (what a Vulkan build holds in int32): ``x`` float32 [2, 3, 8] in;
+    ``keep = Greater(x, 0.1) And Not(Less(x, 0.6))`` chooses per element between ``2x`` and ``-x`` (Where), and
+    the count of kept elements per row (Cast of the mask, ReduceSum) is added: the mask has two readers, so
+    it crosses from one kernel to others."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(v, dtype), name) for name, v, dtype in (
+        ("low", 0.1, np.float32), ("high", 0.6, np.float32), ("two", 2.0, np.float32), ("axes", [2], np.int64))]
+    nodes = [
+        helper.make_node("Greater", ["x", "low"], ["above"]),
+        helper.make_node("Less", ["x", "high"], ["below"]),
+        helper.make_node("Not", ["below"], ["not_below"]),
+        helper.make_node("And", ["above", "not_below"], ["keep"]),
+        helper.make_node("Mul", ["x", "two"], ["doubled"]),
+        helper.make_node("Neg", ["x"], ["negated"]),
+        helper.make_node("Where", ["keep", "doubled", "negated"], ["chosen"]),
+        helper.make_node("Cast", ["keep"], ["kept"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["kept", "axes"], ["count"], keepdims=1),
+        helper.make_node("Add", ["chosen", "count"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "bool_masks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 8])], inits)
+    return _save_opset17(graph, path)
+
+
+def onnx_bool_io(path: Path, *, valid: tuple[int, ...] = (2, 6)) -> Path:
+    """An ONNX model with a bool input and bool outputs (one byte per element for the caller, 32-bit words
+    for a Vulkan build): ``x`` float32 [2, 6] and ``valid`` bool (``valid``: [2, 6] is 12 bytes, whole words;
+    [1, 6], broadcast over rows, is not) in; out ``kept`` (bool [2, 6]: ``x > 0.3 and valid``), ``flipped``
+    (bool [2, 6]: ``x > 0.5 xor valid``), ``first`` (bool [1, 5], 5 bytes: ``x > 0.5`` in the first row's
+    first 5 columns) and ``picked`` (float32: ``x`` where valid, else 0)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(v, dtype), name) for name, v, dtype in (
+        ("zero", 0.0, np.float32), ("third", 0.3, np.float32), ("half", 0.5, np.float32), ("starts", [0, 0], np.int64),
+        ("ends", [1, 5], np.int64))]
+    nodes = [
+        helper.make_node("Greater", ["x", "third"], ["above"]),
+        helper.make_node("And", ["above", "valid"], ["kept"]),
+        helper.make_node("Greater", ["x", "half"], ["big"]),
+        helper.make_node("Xor", ["big", "valid"], ["flipped"]),
+        helper.make_node("Slice", ["big", "starts", "ends"], ["first"]),
+        helper.make_node("Where", ["valid", "x", "zero"], ["picked"]),
+    ]
+    b, f = TensorProto.BOOL, TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "bool_io", [helper.make_tensor_value_info("x", f, [2, 6]), helper.make_tensor_value_info("valid", b, list(valid))],
+        [helper.make_tensor_value_info("kept", b, [2, 6]), helper.make_tensor_value_info("flipped", b, [2, 6]),
+         helper.make_tensor_value_info("first", b, [1, 5]), helper.make_tensor_value_info("picked", f, [2, 6])],
+        inits)
+    return _save_opset17(graph, path)
+
+
+def onnx_nan_to_zero(path: Path) -> Path:
+    """``x`` float32 [4, 8] in; ``y``: ``x`` with its NaNs replaced by 0 (IsNaN, Where) and ``nan`` (bool)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("IsNaN", ["x"], ["nan"]), helper.make_node("Where", ["nan", "zero", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "nan_to_zero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8]),
+         helper.make_tensor_value_info("nan", TensorProto.BOOL, [4, 8])],
+        [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return _save_opset17(graph, path)
+
+
 def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
     """Convolutions as ``onnxruntime.quantization.quantize_dynamic`` leaves them: each float input quantized
     at run time (DynamicQuantizeLinear: uint8, its zero point from the values' range), a ConvInteger over it

@@ -16,11 +16,18 @@ import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
-from model_factory import onnx_8_bit_io, onnx_cumulative, onnx_qdq_convs
+from model_factory import (
+    onnx_8_bit_io,
+    onnx_bool_io,
+    onnx_bool_masks,
+    onnx_cumulative,
+    onnx_nan_to_zero,
+    onnx_qdq_convs,
+)
 from mutation import wrong_build
 
 import edgepack
-from edgepack.backends import get_backend, wgsl_words
+from edgepack.backends import get_backend, wgsl_bools, wgsl_words
 from edgepack.backends.vulkan import driver_status
 from edgepack.compiling import compile_model
 from edgepack.errors import CompileError, EdgepackError, ValidationError
@@ -541,6 +548,90 @@ def test_an_8_bit_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tm
     message = info.value.message
     assert "input input (int8[1, 5, 15, 13], 975 bytes)" in message and "32-bit words" in message, message
     assert "mali-g610" in info.value.hint and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# bool tensors: int32 0/1 inside the model (wgsl_bools.py), one byte per element for the caller (wgsl_words.py)
+
+_BYTE_ARRAYS = re.compile(r"var<storage[^>]*>\s*\w+\s*:\s*array<(bool|i8|u8)>")
+
+
+def test_internal_bool_masks_cross_kernels_as_int32_and_match_onnx_runtime(lavapipe, tmp_path):
+    """Greater, Less, Not and And make a mask that Where and a Cast + ReduceSum read, so it crosses from
+    its kernel to others: as int32 words (no shader declares a bool or 8-bit buffer, as TVM's bool
+    tensors otherwise are), and the build matches ONNX Runtime on lavapipe."""
+    build = compile_model(onnx_bool_masks(tmp_path / "masks.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    kernels = edgepack.kernels(build).kernels
+    assert len(kernels) > 1 and not any(_BYTE_ARRAYS.search(k.source) for k in kernels), [k.source for k in kernels]
+    assert any("logical_and" in k.name for k in kernels) and any("where" in k.name for k in kernels)
+    for seed in (0, 1):
+        report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, seed))
+        assert report.passed and not report.degenerate, report.to_dict()
+
+
+def test_a_wrong_bool_rewrite_fails_validation_on_lavapipe(lavapipe, monkeypatch, tmp_path):
+    """Negative control of the rewrite: every reader of a mask reading it inverted fails validation."""
+    from tvm import relax
+
+    monkeypatch.setattr(wgsl_bools, "_as_bool", lambda expr: relax.op.equal(expr, relax.const(0, "int32")))
+    build = compile_model(onnx_bool_masks(tmp_path / "masks.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, 0))
+    assert not report.passed and report.outputs[0].mismatched > 0, report.to_dict()
+
+
+def test_bool_inputs_and_outputs_stay_one_byte_per_element_for_the_caller(lavapipe, tmp_path):
+    """A bool input of 12 bytes (3 words) and bool outputs of 12 and 5 bytes (And, Xor, a Slice of a
+    comparison) next to a float one (Where on the input): bool arrays in and out, through the Python API and
+    the C runner, ONNX Runtime's values."""
+    build = compile_model(onnx_bool_io(tmp_path / "io.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    manifest = read_manifest(build)
+    assert [s.dtype for s in manifest.inputs] == ["float32", "bool"]
+    assert [s.dtype for s in manifest.outputs] == ["bool", "bool", "bool", "float32"]
+    assert not any(_BYTE_ARRAYS.search(k.source) for k in edgepack.kernels(build).kernels)
+    for seed in (0, 1):
+        report = validate(build, "host-vulkan", inputs=random_inputs(manifest.inputs, seed))
+        assert report.passed and not report.degenerate, report.to_dict()
+    inputs = random_inputs(manifest.inputs, 2)  # the C runner passes bool arrays too
+    expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
+    for spec, actual, want in zip(manifest.outputs, _c_runner_outputs(build, tmp_path, inputs), expected):
+        assert actual.dtype == want.dtype and np.array_equal(actual, want), spec.name
+
+
+@pytest.mark.parametrize("mutation", ["input_byte_order", "output_byte_order"])
+def test_a_wrong_bool_boundary_fails_validation_on_lavapipe(lavapipe, monkeypatch, tmp_path, mutation):
+    """Negative controls of the bool word reads and writes: the bytes of each input or output word in the
+    other order fail validation."""
+    _wrong_words(monkeypatch, mutation)
+    build = compile_model(onnx_bool_io(tmp_path / "io.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, 0))
+    assert not report.passed and any(o.mismatched > 0 for o in report.outputs), report.to_dict()
+
+
+def test_a_bool_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tmp_path):
+    """A bool input of 6 bytes cannot be viewed as 32-bit words: `edgepack compile` exits 2 naming it and
+    its size, with where it does compile, before any shader exists; nothing written."""
+    model = onnx_bool_io(tmp_path / "odd.onnx", valid=(1, 6))
+    result = run_cli("compile", str(model), "-p", "vulkan-generic", "-o", str(tmp_path / "out"))
+    assert_clean_error(result, "valid", "bool[1, 6]", "6 bytes", "32-bit words", "mali-g610")
+    assert not (tmp_path / "out").exists()
+
+
+def test_isnan_finds_nans_on_lavapipe(lavapipe, tmp_path):
+    """WGSL lets a compiler assume no NaN, and lavapipe folds TVM's ``x != x`` to false: IsNaN reads the
+    bits instead, so NaNs (and only they, not infinities) are found."""
+    build = compile_model(onnx_nan_to_zero(tmp_path / "nan.onnx"), "vulkan-generic", tmp_path / "b").output_dir
+    x = np.random.default_rng(0).random((4, 8), dtype=np.float32)
+    x[0, :3], x[1, 5], x[2, 2], x[3, 7] = np.nan, np.inf, -np.inf, -np.nan
+    report = validate(build, "host-vulkan", inputs={"x": x})
+    assert report.passed and not report.degenerate, report.to_dict()
+
+
+def test_a_shader_with_a_bool_buffer_is_refused_at_compile_time_by_name():
+    """What the rewrite does not reach (a bool tensor an opaque operator reads, a fused group too wide for
+    the profile's storage buffers run as its operators' kernels) is named at compile time, not left to wgpu."""
+    kernels = {"cast1_kernel": {"buffer_types": ("float32", "bool")}, "ok_kernel": {"buffer_types": ("int32",)},
+               "less_kernel": {"buffer_types": ("uint16", "int32")}}
+    assert wgsl_bools.unwidened_buffers(kernels) == {"cast1_kernel": ["bool"], "less_kernel": ["uint16"]}
 
 
 @pytest.mark.slow

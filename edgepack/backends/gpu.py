@@ -239,6 +239,7 @@ def _collect_kernels(mod, kernels: dict[str, dict[str, Any]]) -> None:
             "params": tuple(str(p) for p in params),
             "extents": extents,
             "args": tuple(_param_type(p) for p in func.params),
+            "buffer_types": tuple(_param_type(p, element=True) for p in func.params if _param_type(p) == "handle"),
             "workgroup_memory": _workgroup_memory(func.body),
         }
 
@@ -292,13 +293,14 @@ def _largest_buffers(mod, sizes: dict[str, int]) -> None:
             sizes[gvar.name_hint] = found[0]
 
 
-def _param_type(var) -> str:
-    """"handle" for a buffer pointer, else the scalar dtype of a kernel parameter."""
+def _param_type(var, element: bool = False) -> str:
+    """"handle" for a buffer pointer (with ``element``: the dtype of its elements), else the scalar dtype
+    of a kernel parameter."""
     import tvm
 
     ty = var.ty
     if isinstance(ty, tvm.ir.PointerType):
-        return "handle"
+        return str(getattr(ty.element_type, "dtype", "handle")) if element else "handle"
     return str(getattr(ty, "dtype", ty))
 
 
@@ -367,7 +369,7 @@ def _plain(value):
     return str(value)
 
 
-def _function_of(kernel: str, functions: dict[str, str]) -> str:
+def function_of(kernel: str, functions: dict[str, str]) -> str:
     """The fused function a kernel came from: TVM names kernels ``<function>_kernel[_N]``."""
     base = re.sub(r"_kernel(_\d+)?$", "", kernel)
     if base in functions:
@@ -520,7 +522,7 @@ class GpuBackend(Backend):
             ) from exc
         _refuse_unscheduled(name, record, rules, None)
         for kname, info in found.items():
-            info["buffer_size"] = buffer_sizes.get(_function_of(kname, buffer_sizes), 0)
+            info["buffer_size"] = buffer_sizes.get(function_of(kname, buffer_sizes), 0)
         self.check_limits(name, found, limits, record)
 
         sections = self.split_source(module_source(executable, self.module_kind))
@@ -530,7 +532,7 @@ class GpuBackend(Backend):
             ext = info["extents"]
             grid = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
             block = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
-            kernels.append(Kernel(kname, _function_of(kname, record), info["args"], info["params"], grid, block,
+            kernels.append(Kernel(kname, function_of(kname, record), info["args"], info["params"], grid, block,
                                   sections.get(kname, ""), usage[kname]))
         by_function: dict[str, list[str]] = {}
         for k in kernels:
@@ -558,7 +560,7 @@ class GpuBackend(Backend):
             if not over:
                 continue
             worst = max(over, key=over.get)
-            rule = record.get(_function_of(worst, record), "")
+            rule = record.get(function_of(worst, record), "")
             problems.append(
                 f"{len(over)} {self.language} kernel(s) over the profile's {key} limit ({limit} {what}): "
                 f"{worst} needs {over[worst]}" + (f" (scheduled by {rule})" if rule else "")

@@ -8,7 +8,8 @@ registers ``device_api.webgpu`` (TVM's device type 15) and ``ffi.Module.load_fro
 dlopen()s ``libwgpu_native.so`` (next to itself first) when the device is first used.
 
 WGSL has no 64-bit integers: ``VulkanBackend.prepare`` narrows the model's int64 tensors to int32 where
-that is provably exact, and refuses by ONNX node name what really needs 64 bits (``backends.int64``).
+that is provably exact, and refuses by ONNX node name what really needs 64 bits (``backends.int64``). Nor
+8-bit integers or bools in buffers: those tensors are held in int32 (``wgsl_bytes.py``, ``wgsl_bools.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends.base import register
-from edgepack.backends.gpu import GpuBackend, Kernel, format_size
+from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of
 from edgepack.backends.gpu_scans import SCAN_REFUSAL
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
+from edgepack.backends.wgsl_bools import hold_bools_in_32, unwidened_buffers
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32
 from edgepack.backends.wgsl_words import refuse_unaligned_8_bit_boundary
 from edgepack.errors import CompileError, EdgepackError, ValidationError
@@ -186,16 +188,33 @@ class VulkanBackend(GpuBackend):
                 "manifest_extra": {"wgpu_origin": wgpu.origin, "wgpu_native": WGPU_NATIVE_VERSION}}
 
     def relax_passes(self, model: str) -> list[Any]:
-        # WGSL has no 8-bit integers (``wgsl_bytes.py``); lavapipe stops long loops (``split_long_reductions``)
-        return [hold_8_bits_in_32(model), split_long_reductions(), *super().relax_passes(model)]
+        # WGSL has no bool in buffers (``wgsl_bools.py``) nor 8-bit integers (``wgsl_bytes.py``); lavapipe stops
+        # long loops (``split_long_reductions``)
+        return [hold_bools_in_32(), hold_8_bits_in_32(model), split_long_reductions(), *super().relax_passes(model)]
+
+    def check_limits(self, name: str, kernels: dict[str, dict[str, Any]], limits: GpuLimits,
+                     record: dict[str, str]) -> None:
+        """The profile's limits (``GpuBackend.check_limits``), and no shader with a bool or 8/16-bit integer storage buffer,
+        which wgpu would refuse only when it compiles the shader, at run time (``wgsl_bools.py``)."""
+        super().check_limits(name, kernels, limits, record)
+        odd = unwidened_buffers(kernels)
+        if odd:
+            where = [f"{k} ({', '.join(t)}; from {function_of(k, record) or k})" for k, t in sorted(odd.items())]
+            raise CompileError(
+                f"{name} needs {len(odd)} WGSL shader(s) with bool, 8-bit or 16-bit integer storage buffers, which "
+                f"WGSL does not have: {'; '.join(where[:6])}. A Vulkan build holds bool and 8-bit tensors in int32 "
+                "(backends/wgsl_bools.py, wgsl_bytes.py), but not those that operator reads or writes.",
+                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), or export the model so that "
+                "operator takes and gives int32 or float tensors.")
 
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
 
     def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
         """WGSL has no int64: narrow what provably fits to int32, refuse the rest by name (``backends.int64``).
-        Nor 8-bit integers: 8-bit inputs and outputs are read and written as 32-bit words of the caller's
-        buffer, so one that is not a whole number of words is refused by name (``wgsl_words.py``)."""
+        Nor 8-bit integers or bools in buffers: 8-bit and bool inputs and outputs are read and written as 32-bit
+        words of the caller's buffer, so one that is not a whole number of words is refused by name
+        (``wgsl_words.py``)."""
         refuse_unaligned_8_bit_boundary(imported.mod, imported.info.path.name)
         if not target_lacks_int64(target):
             return imported

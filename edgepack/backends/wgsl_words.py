@@ -16,6 +16,9 @@ The runtime makes no view larger than its buffer, so an 8-bit input must be a wh
 byte count a multiple of 4, known at compile time); any other is refused by name
 (``refuse_unaligned_8_bit_boundary``), as is an 8-bit output of a size unknown at compile time. An input
 that compiled-in pre-processing already reads as words (``processing/frames.py``) is left as it is.
+
+bool inputs and outputs (one byte per element for the caller, held as int32 0/1 inside: ``wgsl_bools.py``)
+cross the same way: unpacked as uint8 (any nonzero byte is 1), packed from their 0/1, refused alike.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from edgepack.backends.relax_exprs import dtype_of, op_name, static_shape
 from edgepack.errors import CompileError
 
 EIGHT_BITS = ("int8", "uint8")
+BYTES = (*EIGHT_BITS, "bool")  # every 1-byte type: TVM stores a bool tensor as one byte per element
 INJECTIVE = 2  # TVM's OpPatternKind kInjective: the word reads are gathers its analysis does not recognise
 
 
@@ -60,25 +64,25 @@ def is_public(func) -> bool:
     return func.attrs is not None and "global_symbol" in func.attrs
 
 
-def byte_inputs(func) -> list:
-    """The 8-bit inputs of a Relax function that it reads as values (not only as words)."""
+def byte_inputs(func, types: tuple[str, ...] = EIGHT_BITS) -> list:
+    """The inputs of a Relax function of ``types`` (8-bit) that it reads as values (not only as words)."""
     attrs = func.attrs
     inputs = func.params[:int(attrs["num_input"])] if attrs and "num_input" in attrs else func.params
     read = _read_other_than_as_words(func)
-    return [p for p in inputs if dtype_of(p) in EIGHT_BITS and any(p.same_as(v) for v in read)]
+    return [p for p in inputs if dtype_of(p) in types and any(p.same_as(v) for v in read)]
 
 
 def refuse_unaligned_8_bit_boundary(mod, model: str = "the model") -> None:
-    """A CompileError where a Relax function of ``mod`` takes an 8-bit tensor that is not a whole number
-    of 32-bit words, or takes or gives one of a size unknown at compile time."""
+    """A CompileError where a Relax function of ``mod`` takes an 8-bit or boolean tensor that is not a whole
+    number of 32-bit words, or takes or gives one of a size unknown at compile time."""
     from tvm import relax
 
     for _gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not is_public(func):
             continue
         odd = [f"an output ({dtype_of(o)}, of a size unknown at compile time)" for o in _outputs(func.body.body)
-               if dtype_of(o) in EIGHT_BITS and static_shape(o) is None]
-        for p in byte_inputs(func):
+               if dtype_of(o) in BYTES and static_shape(o) is None]
+        for p in byte_inputs(func, BYTES):
             shape = static_shape(p)
             if shape is None:
                 odd.append(f"input {p.name} ({dtype_of(p)}, of a size unknown at compile time)")
@@ -86,10 +90,10 @@ def refuse_unaligned_8_bit_boundary(mod, model: str = "the model") -> None:
                 odd.append(f"input {p.name} ({dtype_of(p)}{list(shape)}, {math.prod(shape)} bytes)")
         if odd:
             raise CompileError(
-                f"{model} takes or gives 8-bit tensors that are not a whole number of 32-bit words "
-                f"({', '.join(odd)}). WGSL has no 8-bit integers, so a Vulkan build reads an 8-bit input as 32-bit "
-                "words of the caller's buffer, which must then hold a multiple of 4 bytes, and writes an 8-bit output "
-                "as words, which needs its size at compile time.",
+                f"{model} takes or gives 8-bit or boolean tensors that are not a whole number of 32-bit words "
+                f"({', '.join(odd)}). WGSL has no 8-bit integers (nor booleans in buffers), so a Vulkan build reads "
+                "such an input (one byte per element) as 32-bit words of the caller's buffer, which must then hold a "
+                "multiple of 4 bytes, and writes such an output as words, which needs its size at compile time.",
                 "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), give the tensor a static "
                 "shape of a multiple of 4 bytes (--input-shape), or use an export of the model with float inputs "
                 "and outputs.")
@@ -116,7 +120,8 @@ def _unpack(shape: tuple[int, ...], dtype: str):
             word, byte = words[tirx.shift_right(i, 2)], tirx.bitwise_and(i, 3)
             if dtype == "int8":  # the byte to the top, then back down: the shift copies its sign bit
                 return tirx.shift_right(tirx.shift_left(word, (3 - byte) * 8), 24)
-            return tirx.bitwise_and(tirx.shift_right(word, byte * 8), 255)
+            value = tirx.bitwise_and(tirx.shift_right(word, byte * 8), 255)
+            return tirx.min(value, 1) if dtype == "bool" else value  # a bool: 0 or 1, whatever byte is true
         return te.compute(shape, value, name="unpack_bytes")
 
     return compute
@@ -145,7 +150,8 @@ def _pack(size: int):
 
 def unpack_inputs(bb, func, inputs: list):
     """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) reading each of
-    ``inputs`` as words and unpacking them; returns (the block, {parameter: its int32 values})."""
+    ``inputs`` (8-bit or bool) as words and unpacking them; returns (the block, {parameter: its int32 values},
+    a bool's 0 or 1)."""
     from tvm import relax
 
     R = relax.op
@@ -163,26 +169,26 @@ def unpack_inputs(bb, func, inputs: list):
     return block, values
 
 
-def _has_bytes(types) -> bool:
+def _has_bytes(types, byte_types: tuple[str, ...]) -> bool:
     from tvm import relax
 
     if isinstance(types, relax.TupleType):
-        return any(_has_bytes(t) for t in types.fields)
-    return str(getattr(types, "dtype", "")) in EIGHT_BITS
+        return any(_has_bytes(t, byte_types) for t in types.fields)
+    return str(getattr(types, "dtype", "")) in byte_types
 
 
-def _packed(bb, result, types):
-    """``result`` with each tensor that ``types`` says is 8-bit (and is int32 in ``result``) packed into
-    words and viewed as that 8-bit tensor, emitted into ``bb``'s dataflow block."""
+def _packed(bb, result, types, byte_types: tuple[str, ...]):
+    """``result`` with each tensor that ``types`` says is of ``byte_types`` (and is int32 in ``result``)
+    packed into words and viewed as that 8-bit (or bool) tensor, emitted into ``bb``'s dataflow block."""
     from tvm import relax
 
     R = relax.op
-    if not _has_bytes(types):
+    if not _has_bytes(types, byte_types):
         return result
     if isinstance(types, relax.TupleType):
         fields = result.fields if isinstance(result, relax.Tuple) else [
             bb.emit_output(relax.TupleGetItem(result, i)) for i in range(len(types.fields))]
-        return relax.Tuple([_packed(bb, f, t) for f, t in zip(fields, types.fields)])
+        return relax.Tuple([_packed(bb, f, t, byte_types) for f, t in zip(fields, types.fields)])
     dtype = str(types.dtype)
     if dtype_of(result) == dtype:  # e.g. an input given back as it is
         return result
@@ -193,13 +199,13 @@ def _packed(bb, result, types):
     return bb.emit_output(R.memory.view(packed, relax.ShapeExpr(list(shape)), dtype), name_hint=f"out_{dtype}")
 
 
-def pack_outputs(bb, func, result, types):
-    """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) packing the 8-bit
-    outputs of ``result`` (the widened result of ``func``, whose original result type is ``types``);
-    returns (the block, the new result)."""
+def pack_outputs(bb, func, result, types, byte_types: tuple[str, ...] = EIGHT_BITS):
+    """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) packing the outputs
+    of ``byte_types`` (8-bit) of ``result`` (the widened result of ``func``, whose original result type is
+    ``types``); returns (the block, the new result)."""
     bb.begin_scope(list(func.params))
     bb._begin_dataflow_block()
-    result = _packed(bb, result, types)
+    result = _packed(bb, result, types, byte_types)
     block = bb._end_block()
     bb.end_scope()
     return block, result
