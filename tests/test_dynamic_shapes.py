@@ -175,3 +175,12 @@ def test_a_dynamic_vulkan_build_runs_at_every_width_on_lavapipe(models, tmp_path
     assert report.passed, report.to_dict()
     assert len(report.sizes) == 5 and {s["W"] for s in report.sizes} >= {32, 256}
     assert sum(s["W"] % 2 for s in report.sizes) >= 2
+
+
+def test_a_wrong_dynamic_vulkan_build_fails_validation(models, tmp_path):
+    """That Vulkan build with one convolution's weights scaled by 1.1: validate on lavapipe fails."""
+    plugin_with_a_device("vulkan")
+    build = wrong_build(models["ppocr_cls"].path, "vulkan-generic", tmp_path / "wrong", "scale_weights",
+                        input_shapes=CLS_SHAPE, dims=["W=32..256"])
+    report = validate(build, "host-vulkan")
+    assert not report.passed and len(report.sizes) == 5
