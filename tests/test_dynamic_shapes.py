@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
+from gpu_common import plugin_with_a_device
 from mutation import wrong_build
 
 from edgepack.compiling import compile_model
@@ -100,9 +101,10 @@ def test_bad_dims_at_compile_are_refused(models, tmp_path):
     result = run_cli("compile", model, "-p", "host", "-o", str(tmp_path / "c"), "--input-shape", "x:1,3,48,W",
                      "--dim", "W=64..32")
     assert_clean_error(result, "is not a range of sizes")
-    result = run_cli("compile", model, "-p", "mali-g610", "-o", str(tmp_path / "d"), "--input-shape", "x:1,3,48,W",
-                     "--dim", "W=32..64")
-    assert_clean_error(result, "mali-g610 builds cannot take --dim yet")
+    result = run_cli("compile", model, "-p", "vulkan-generic", "-o", str(tmp_path / "d"), "--input-shape",
+                     "x:1,3,48,W", "--dim", "W=32..64:32")
+    assert_clean_error(result, "vulkan-generic builds cannot take a --dim with a step yet (W=32..64:32)",
+                       "--dim W=MIN..MAX")
     assert not any((tmp_path / d).exists() for d in "abcd")
 
 
@@ -127,3 +129,58 @@ def test_a_text_detector_runs_at_sizes_on_its_grid(models, tmp_path):
         report = validate(build, on)
         assert report.passed, report.to_dict()
         assert len(report.sizes) == 5
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU builds (OpenCL on PoCL, Vulkan on lavapipe)
+
+CLS_SHAPE = {"x": (1, 3, 48, "W")}
+
+
+def test_a_dynamic_opencl_build_runs_at_every_width_on_pocl(models, tmp_path):
+    """PP-OCR's direction classifier for mali-g610 with W = 32..256:32: one OpenCL build, validated on PoCL at
+    five widths (32 and 256 among them), each against ONNX Runtime. Its reductions end with barriers that
+    every work-item reaches (``uniform_barriers.py``); without that, its first kernel had not returned on PoCL
+    after 10 minutes."""
+    plugin_with_a_device("opencl")
+    build = compile_model(models["ppocr_cls"].path, "mali-g610", tmp_path / "mali", input_shapes=CLS_SHAPE,
+                          dims=["W=32..256:32"]).output_dir
+    manifest = read_manifest(build)
+    assert manifest.dims == {"W": {"min": 32, "max": 256, "step": 32}}
+    source = (build / "device/kernels.cl").read_text()
+    assert "long cse_v1" in source  # kernels take the run-time size
+    report = validate(build, "host-opencl")
+    assert report.passed, report.to_dict()
+    assert len(report.sizes) == 5 and {s["W"] for s in report.sizes} >= {32, 256}
+    one = validate(build, "host-opencl", sizes=["W=96"])
+    assert one.passed and one.sizes == ({"W": 96},)
+
+
+def test_a_wrong_dynamic_opencl_build_fails_validation(models, tmp_path):
+    """The same build with one convolution's weights scaled by 1.1: validate on PoCL fails at its sizes."""
+    plugin_with_a_device("opencl")
+    build = wrong_build(models["ppocr_cls"].path, "mali-g610", tmp_path / "wrong", "scale_weights",
+                        input_shapes=CLS_SHAPE, dims=["W=32..256:32"])
+    report = validate(build, "host-opencl")
+    assert not report.passed and len(report.sizes) == 5
+
+
+def test_a_dynamic_vulkan_build_runs_at_every_width_on_lavapipe(models, tmp_path):
+    """PP-OCR's direction classifier for vulkan-generic with W = 32..256 (no step; odd widths among the five
+    validated), each against ONNX Runtime on lavapipe."""
+    plugin_with_a_device("vulkan")
+    build = compile_model(models["ppocr_cls"].path, "vulkan-generic", tmp_path / "vk", input_shapes=CLS_SHAPE,
+                          dims=["W=32..256"]).output_dir
+    report = validate(build, "host-vulkan")
+    assert report.passed, report.to_dict()
+    assert len(report.sizes) == 5 and {s["W"] for s in report.sizes} >= {32, 256}
+    assert sum(s["W"] % 2 for s in report.sizes) >= 2
+
+
+def test_a_wrong_dynamic_vulkan_build_fails_validation(models, tmp_path):
+    """That Vulkan build with one convolution's weights scaled by 1.1: validate on lavapipe fails."""
+    plugin_with_a_device("vulkan")
+    build = wrong_build(models["ppocr_cls"].path, "vulkan-generic", tmp_path / "wrong", "scale_weights",
+                        input_shapes=CLS_SHAPE, dims=["W=32..256"])
+    report = validate(build, "host-vulkan")
+    assert not report.passed and len(report.sizes) == 5

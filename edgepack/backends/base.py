@@ -154,6 +154,8 @@ class Backend(ABC):
     no_byte_tensors: ClassVar[str | None] = None
     #: Why it cannot compile inputs whose dimensions change at run time (``compile --dim``), or None when it can.
     no_symbolic_shapes: ClassVar[str | None] = "its kernel schedules need static shapes (so far only CPU builds take --dim)"
+    #: Why it cannot compile a ``--dim`` with a step (``W=32..256:32``), or None when it can.
+    no_stepped_dims: ClassVar[str | None] = None
 
     # --- compiling -------------------------------------------------------------------------------
 

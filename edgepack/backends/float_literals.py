@@ -22,6 +22,7 @@ import struct
 import numpy as np
 
 from edgepack.backends.separate_products import separate_products
+from edgepack.backends.uniform_barriers import uniform_barriers
 
 TIR_PIPELINE = "edgepack-gpu"
 
@@ -65,13 +66,14 @@ def _pipeline(products: str):
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()  # TVM's "default" for GPU targets
     return lower, finalize_host, lambda: tvm.transform.Sequential(
-        [separate_products(products), finalize_device(), exact_float_constants()])
+        [separate_products(products), finalize_device(), exact_float_constants(), uniform_barriers()])
 
 
 @functools.cache
 def tir_pipeline(products: str = "statement") -> str:
     """The name of the GPU builds' TIR pipeline (TVM's default, ``separate_products`` of the given form
-    before its device lowering, ``exact_float_constants`` after), registered with TVM once per process."""
+    before its device lowering, ``exact_float_constants`` and ``uniform_barriers`` after), registered with
+    TVM once per process."""
     from tvm import tirx
 
     name = TIR_PIPELINE if products == "statement" else f"{TIR_PIPELINE}-{products}"

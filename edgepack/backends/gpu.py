@@ -396,6 +396,9 @@ def module_source(executable, kind: str) -> str:
 class GpuBackend(Backend):
     """A GPU reached through a TVM runtime plug-in of edgepack's (``runtimes/plugins/<name>``)."""
 
+    #: dlight schedules symbolic extents (``compile --dim``); ``uniform_barriers.py`` keeps the reductions'
+    #: barriers where every thread reaches them (a dynamic build's kernels hung on PoCL without it)
+    no_symbolic_shapes = None
     #: The TVM target kind's code-generator module kind ("opencl", "webgpu").
     module_kind: ClassVar[str]
     #: The kernel language, for messages ("OpenCL", "WGSL").
