@@ -20,7 +20,7 @@ refuses by name at compile time rather than let wgpu refuse its shader at run ti
 from __future__ import annotations
 
 from edgepack.backends.relax_exprs import const_value, dtype_of, op_name
-from edgepack.backends.wgsl_words import BYTES, byte_inputs, is_public, pack_outputs, unpack_inputs
+from edgepack.backends.wgsl_words import BYTES, is_public, with_words_at_the_boundary
 
 ELEMWISE = 0  # TVM's OpPatternKind kElemWise: ``isnan_bits`` fuses as ``isnan`` would
 
@@ -112,15 +112,7 @@ def hold_bools_in_32():
             seq = bb.normalize(relax.SeqExpr(func.body.blocks, _as_bool(func.body.body)))
             bb.end_scope()
             return relax.Function(list(func.params), seq, None, func.is_pure, func.attrs)
-        prologue, widen.unpacked = unpack_inputs(bb, func, byte_inputs(func, ("bool",)))
-        body = widen.visit_expr(func).body
-        widen.unpacked = {}
-        epilogue, result = pack_outputs(bb, func, body.body, func.body.body.ty, ("bool",))
-        blocks = [b for b in (prologue, *body.blocks, epilogue) if len(b.bindings)]
-        bb.begin_scope(list(func.params))
-        seq = bb.normalize(relax.SeqExpr(blocks, result))
-        bb.end_scope()
-        return relax.Function(list(func.params), seq, None, func.is_pure, func.attrs)
+        return with_words_at_the_boundary(widen, func, ("bool",))
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackHoldBoolsIn32")
     def _pass(mod, _ctx):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.relax_exprs import bound_value, const_value, dtype_of, op_name
-from edgepack.backends.wgsl_words import EIGHT_BITS, byte_inputs, is_public, pack_outputs, unpack_inputs
+from edgepack.backends.wgsl_words import EIGHT_BITS, is_public, with_words_at_the_boundary
 from edgepack.errors import CompileError
 
 WRAPPING_CAST = "which WGSL (no 8-bit integers) can only hold in 32 bits"  # in the refusal's message
@@ -88,16 +88,7 @@ def hold_8_bits_in_32(model: str = "the model"):
         outputs packed into words last."""
         if not is_public(func):  # called from the model itself, with its widened tensors
             return widen.visit_expr(func)
-        bb = widen.builder_
-        prologue, widen.unpacked = unpack_inputs(bb, func, byte_inputs(func))
-        body = widen.visit_expr(func).body
-        widen.unpacked = {}
-        epilogue, result = pack_outputs(bb, func, body.body, func.body.body.ty)
-        blocks = [b for b in (prologue, *body.blocks, epilogue) if len(b.bindings)]
-        bb.begin_scope(list(func.params))
-        seq = bb.normalize(relax.SeqExpr(blocks, result))
-        bb.end_scope()
-        return relax.Function(list(func.params), seq, None, func.is_pure, func.attrs)
+        return with_words_at_the_boundary(widen, func, EIGHT_BITS)
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackHold8BitsIn32")
     def _pass(mod, _ctx):

@@ -209,3 +209,21 @@ def pack_outputs(bb, func, result, types, byte_types: tuple[str, ...] = EIGHT_BI
     block = bb._end_block()
     bb.end_scope()
     return block, result
+
+
+def with_words_at_the_boundary(widen, func, types: tuple[str, ...]):
+    """The public Relax function ``func`` visited by ``widen`` (a mutator that holds ``types`` tensors in
+    int32 and reads an input from its ``unpacked`` map), with its ``types`` inputs unpacked from words first
+    and its ``types`` outputs packed into words last."""
+    from tvm import relax
+
+    bb = widen.builder_
+    prologue, widen.unpacked = unpack_inputs(bb, func, byte_inputs(func, types))
+    body = widen.visit_expr(func).body
+    widen.unpacked = {}
+    epilogue, result = pack_outputs(bb, func, body.body, func.body.body.ty, types)
+    blocks = [b for b in (prologue, *body.blocks, epilogue) if len(b.bindings)]
+    bb.begin_scope(list(func.params))
+    seq = bb.normalize(relax.SeqExpr(blocks, result))
+    bb.end_scope()
+    return relax.Function(list(func.params), seq, None, func.is_pure, func.attrs)
