@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
 from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.folding import fold_constant_calls
-from edgepack.backends.gpu_scans import gpu_scans
+from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.program_sizes import measuring
@@ -108,6 +108,17 @@ _LIMIT_FIXES = {
     "buffer_size": "One tensor is larger than a buffer the GPU can bind; compile with smaller input shapes "
                    "(--input-shape), or for a CPU profile.",
 }
+
+
+def unwrapped_refusal(exc: CompileError, model: str, marker: str, start: str) -> CompileError | None:
+    """The CompileError an edgepack Relax pass raised (its message holds ``marker`` and begins with
+    ``model`` + ``start``), out of the "TVM failed to compile" error TVM's pass machinery wrapped it in; None
+    where ``exc`` is not that refusal."""
+    text = f"{exc.__cause__ or ''} {exc.message}"
+    if marker not in text or model + start not in text:
+        return None
+    return CompileError(text[text.index(model + start):].split(" Compile it")[0].strip(),
+                        "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
 
 
 def format_size(values: Sequence[int | str]) -> str:
@@ -246,8 +257,6 @@ def _collect_kernels(mod, kernels: dict[str, dict[str, Any]]) -> None:
 
 def _bytes(buffer) -> int | None:
     """A TIR buffer's size in bytes; None where a dimension is symbolic."""
-    import math
-
     import tvm
     from tvm import tirx
 
@@ -419,11 +428,11 @@ class GpuBackend(Backend):
     #: ``profiles.GpuLimits``) nor, for threads and workgroup memory, its TVM target states them.
     default_limits: ClassVar[GpuLimits] = GpuLimits()
 
-    #: How the kernel language keeps a scaled integer sum from fusing with what is added to it
-    #: (``separate_products.py``): "statement" where its compiler contracts only within an expression
-    #: whether topi's up-sweep / down-sweep scan kernels compute right in this backend's language
+    #: Whether topi's up-sweep / down-sweep scan kernels compute right in this backend's language
     #: (``gpu_scans.py``)
     topi_scans: ClassVar[bool] = True
+    #: How the kernel language keeps a scaled integer sum from fusing with what is added to it
+    #: (``separate_products.py``): "statement" where its compiler contracts only within an expression
     scaled_sums: ClassVar[str] = "statement"
 
     def tir_pipeline(self) -> str:
@@ -451,8 +460,10 @@ class GpuBackend(Backend):
         return [gpu_scans(model, self.topi_scans)]
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
-        """The error to raise when TVM fails to compile ``imported`` (as ``prepare`` left it) for ``target``."""
-        return exc
+        """The error to raise when TVM fails to compile ``imported`` (as ``prepare`` left it) for ``target``:
+        a refusal of one of edgepack's own passes (``gpu_scans``) as it was raised, not as TVM's pass machinery
+        wrapped it."""
+        return unwrapped_refusal(exc, imported.info.path.name, SCAN_REFUSAL, " has a") or exc
 
     def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
         """The model as this backend's code generator can take it for ``target``, before the pipeline

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends.base import register
-from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of
-from edgepack.backends.gpu_scans import SCAN_REFUSAL
+from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of, unwrapped_refusal
 from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
 from edgepack.backends.wgsl_bools import hold_bools_in_32, unwidened_buffers
@@ -225,12 +224,9 @@ class VulkanBackend(GpuBackend):
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         text = f"{exc.__cause__ or ''} {exc.message}"
-        if WRAPPING_CAST in text:  # ``hold_8_bits_in_32``'s refusal, wrapped by TVM's pass machinery
-            return CompileError(text[text.index(imported.info.path.name + " casts"):].split(" Compile it")[0].strip(),
-                                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
-        if SCAN_REFUSAL in text:  # ``gpu_scans``' refusal, wrapped likewise
-            return CompileError(text[text.index(imported.info.path.name + " has a"):].split(" Compile it")[0].strip(),
-                                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
+        refusal = unwrapped_refusal(exc, imported.info.path.name, WRAPPING_CAST, " casts")  # hold_8_bits_in_32's
+        if refusal is not None:
+            return refusal
         if "do not support i64" in text or "do not support u64" in text:
             try:  # name the kernels that still hold 64-bit buffers (e.g. an operator without a 32-bit rule)
                 where = int64_kernels(imported.mod, target)
@@ -243,7 +239,7 @@ class VulkanBackend(GpuBackend):
                 "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), or export the model "
                 "with int32 indices (e.g. Gather/ScatterElements/ArgMax on int32).",
             )
-        return exc
+        return super().translate_compile_error(exc, imported, target)
 
     def prepare_process(self) -> None:
         # Mesa's Vulkan loader warns on stderr when there is no runtime directory; give it a private one
