@@ -105,19 +105,18 @@ def _register(dot: DotProduct) -> None:
     from tvm.s_tir import TensorIntrin
 
     if dot is SMMLA:
-        TensorIntrin.register(dot.name, _matrix_desc(), _smmla_impl(), override=True)
-        _REGISTERED.add(dot.name)
-        return
-    if dot is SMULL:
-        impl = _widening_impl("llvm.aarch64.neon.smull.v8i16", _aarch64_accumulate)
-    elif dot is VMULL:
-        impl = _widening_impl("llvm.arm.neon.vmulls.v8i16", _armv7_accumulate)
-    elif dot is PMADDWD:
-        impl = _pmaddwd_impl()
+        desc, impl = _matrix_desc(), _smmla_impl()
     else:
-        impl = _instruction_impl(dot)
-    TensorIntrin.register(dot.name, _pairs_desc(dot.lanes, dot.data_dtype) if dot.pairs else _desc(dot),
-                          impl, override=True)
+        desc = _pairs_desc(dot.lanes, dot.data_dtype) if dot.pairs else _desc(dot)
+        if dot is SMULL:
+            impl = _widening_impl("llvm.aarch64.neon.smull.v8i16", _aarch64_accumulate)
+        elif dot is VMULL:
+            impl = _widening_impl("llvm.arm.neon.vmulls.v8i16", _armv7_accumulate)
+        elif dot is PMADDWD:
+            impl = _pmaddwd_impl()
+        else:
+            impl = _instruction_impl(dot)
+    TensorIntrin.register(dot.name, desc, impl, override=True)
     _REGISTERED.add(dot.name)
 
 
