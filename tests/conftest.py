@@ -40,6 +40,28 @@ def pytest_runtest_makereport(item, call):
                                f"scripts/setup.sh installs: {reason}")
 
 
+# Parallel runs (scripts/test.sh: pytest-xdist, ``--dist loadgroup``): each file runs whole in one worker,
+# so its session fixtures (compiled builds) are made once; the files that drive the one SSH device farm
+# (scripts/farm.sh: network namespaces and state under /var/lib) share a worker, so they never run at once.
+# The longest files go first, so that no worker starts one near the end.
+SHARED_FARM = {"test_devices.py", "test_farm.py", "test_gpu_device.py", "test_tuning.py"}
+LONGEST_FIRST = ["test_tuning.py", "test_devices.py", "test_farm.py", "test_gpu_device.py", "test_dynamic_shapes.py",
+                 "test_quantize.py", "test_opencl.py", "test_zoo.py", "test_vulkan.py", "test_bundle.py",
+                 "test_android.py", "test_validation.py"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("farm" if name in SHARED_FARM else name))
+
+
 @pytest.fixture(scope="session")
 def models() -> dict[str, TestModel]:
     return ensure_models()
