@@ -3,6 +3,7 @@
 
     python scripts/tflite_conformance.py                                 # every case on this machine
     python scripts/tflite_conformance.py --profile rpi3 --on emulator    # cross-compiled, C runner under qemu
+    python scripts/tflite_conformance.py --profile vulkan-generic --on gpu  # on this machine's GPU driver
     python scripts/tflite_conformance.py --filter 'conv' --failures
     python scripts/tflite_conformance.py --markdown docs/conformance.md  # the TFLite section of the report
 
@@ -17,8 +18,8 @@ Each case is one builtin operator (``OPS``) in one variant, written with ``scrip
 
 Every model takes and returns float32 (ARG_MAX: int32), so the same inputs go to LiteRT
 (``ai_edge_litert``, the reference) and to edgepack, at the place ``--profile/--on`` names (see
-``scripts/conformance.py``: the host's Relax VM, or the device library run by the C runner under
-qemu-user). Tolerances: float32 and fp16 ``rtol 1e-3, atol 1e-5``; int8 one quantization step of the
+``scripts/conformance.py``: the host's Relax VM, the device library run by the C runner under
+qemu-user, or a GPU profile's build run on this machine's driver: lavapipe, PoCL). Tolerances: float32 and fp16 ``rtol 1e-3, atol 1e-5``; int8 one quantization step of the
 output (integer arithmetic may round differently), nothing relative.
 """
 
@@ -403,8 +404,8 @@ def markdown_section(places) -> str:
     lines = [
         "## TFLite operators (single-operator models against LiteRT)",
         "",
-        "Written by `python scripts/tflite_conformance.py [--profile rpi4|rpi3 --on emulator] --markdown"
-        " docs/conformance.md`:",
+        "Written by `python scripts/tflite_conformance.py [--profile rpi4|rpi3 --on emulator | --profile"
+        " vulkan-generic|mali-g610 --on gpu] --markdown docs/conformance.md`:",
         f"{len({op.code for op in OPS.values()})} builtin operators in {len(OPS)} configurations, {len(cases)} cases:"
         " each operator alone in a model written with",
         "`scripts/tflite_factory.py`, as float32, with float16 constants behind DEQUANTIZE (fp16, where the operator",
@@ -458,8 +459,10 @@ def print_report(results: list[CaseResult], place: Place) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="host", help="device profile for --on emulator (rpi4, rpi3, ...)")
-    parser.add_argument("--on", default="host", choices=["host", "emulator"])
+    parser.add_argument("--profile", default="host",
+                        help="device profile for --on emulator (rpi4, rpi3, ...) or --on gpu (vulkan-generic, mali-g610)")
+    parser.add_argument("--on", default="host", choices=["host", "emulator", "gpu"],
+                        help="where the cases run: the host, the C runner under qemu, or this machine's GPU driver")
     parser.add_argument("--filter", help="only cases whose name matches this regular expression")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case (default 300)")
