@@ -79,12 +79,12 @@ def _strongest(guards, analyzer):
 
 
 def _without(body, guards):
-    """``body`` with every ``if`` on one of ``guards`` replaced by its then-branch."""
+    """``body`` with every ``if`` on one of ``guards`` replaced by its then-branch (the guards hold there)."""
     import tvm_ffi
     from tvm import tirx
 
     def taken(node):
-        if node.else_case is None and any(tvm_ffi.structural_equal(node.condition, g) for g in guards):
+        if any(tvm_ffi.structural_equal(node.condition, g) for g in guards):
             return node.then_case
         return node
 
@@ -92,6 +92,7 @@ def _without(body, guards):
 
 
 def _split_loops(stmt, analyzer):
+    """``stmt`` with each loop over a run-time extent that has guards split as the module docstring shows."""
     import tvm_ffi
     from tvm import tirx
 
@@ -111,9 +112,8 @@ def _split_loops(stmt, analyzer):
 
 def whole_tiles():
     """The TIR pass: each loop over a run-time extent runs its whole iterations without their bounds checks."""
-    from tvm import sym, tirx
-
     import tvm
+    from tvm import sym, tirx
 
     @tirx.transform.prim_func_pass(opt_level=0, name="edgepack.WholeTiles")
     def _pass(func, _mod, _ctx):
