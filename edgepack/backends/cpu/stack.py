@@ -6,9 +6,9 @@ workspace pool (``TVMBackendAllocWorkspace``) where it is declared: inside a par
 iteration, and LLVM then keeps the accumulators in memory, not in registers. On a Zen 4 core,
 PP-OCR's 24x96 pointwise 8 -> 8 convolution ran in 6.9 us with its loop parallel, 3.2 us with its
 tile on the stack (one thread either way). So CPU builds lower every buffer of a known size up to
-``STACK_LIMIT_BYTES`` to a stack slot (one whose extents change at run time, a register tile over a ``--dim``
-size, at the bound of its extents) (the runtime's and a phone's worker threads have at least
-512 KiB of stack), through TVM's own opt-out of the workspace call (``disable_lower_builtin``). The
+``STACK_LIMIT_BYTES`` to a stack slot (the runtime's and a phone's worker threads have at least
+512 KiB of stack), one whose extents change at run time (a register tile over a ``--dim`` size) at the
+bound of its extents, through TVM's own opt-out of the workspace call (``disable_lower_builtin``). The
 pipeline also rounds half to even with an instruction LLVM vectorizes (``round_even.py``) and keeps
 integer sums scaled to float from being contracted into fused multiply-adds (``separate_products.py``).
 
