@@ -319,6 +319,17 @@ def _vectorize_after_symbolic(sch, loops, first_static: int, lanes: int) -> None
         sch.parallel(rows)
 
 
+def _rows_of_run_time_length(sch, loops, first_symbolic: int) -> None:
+    """A block whose last loop's extent changes at run time (``--dim``) and whose first ones do not: those
+    fused into the parallel loop, the rest left as loops, so that a row steps its indices. Fused into
+    one loop, every element's indices were divided out of it by a run-time extent (the NHWC -> NCHW
+    transpose of a 96x8xW output at W = 160: 0.21 ms against 0.10 ms at a fixed size)."""
+    head = loops[:first_symbolic]
+    rows = sch.fuse(*head) if len(head) > 1 else head[0]
+    if prod(extent_hint(sch, loop) for loop in loops) >= PARALLEL_MIN_ELEMENTS and extent_hint(sch, rows) > 1:
+        sch.parallel(rows)
+
+
 def _output_bytes(anatomy: Anatomy) -> int:
     return prod(anatomy.extents[k] for k in anatomy.spatial) * anatomy.dtype_bits // 8
 
@@ -461,6 +472,9 @@ def parallel_vectorize(sch, block, cpu: CpuInfo, *, odd_vectors: bool = True) ->
     symbolic = [k for k, loop in enumerate(loops) if static_extent(sch, loop) is None]
     if symbolic and symbolic[-1] < len(loops) - 1 and lanes > 1:
         _vectorize_after_symbolic(sch, loops, symbolic[-1] + 1, lanes)
+        return
+    if symbolic and symbolic[-1] == len(loops) - 1 and symbolic[0] > 0:
+        _rows_of_run_time_length(sch, loops, symbolic[0])
         return
     flat = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     total = extent_hint(sch, flat)
