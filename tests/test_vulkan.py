@@ -337,6 +337,24 @@ def test_infinities_reach_the_shaders_as_bit_patterns(lavapipe, tmp_path):
     assert report.passed, [(o.name, o.max_abs_error) for o in report.outputs]
 
 
+def test_the_smallest_int32_reaches_the_shaders_as_a_bit_pattern(lavapipe, tmp_path):
+    """WGSL reads ``-2147483648i`` as the negation of a literal out of range, and wgpu refused the shader
+    (an int8 max-pool, in the TFLite sweep): a maximum over int32 values starts from that constant."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=0)], "max",
+                              [helper.make_tensor_value_info("x", TensorProto.INT32, [4, 33])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [4])])
+    model = tmp_path / "max.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(model))
+    build = edgepack.compile(model, "vulkan-generic", tmp_path / "vk").output_dir
+    shaders = (build / "device" / "kernels.wgsl").read_text()
+    assert "2147483648i" not in shaders and "bitcast<i32>(2147483648u)" in shaders
+    x = np.random.default_rng(3).integers(-2**31, -2**20, (4, 33), dtype=np.int32)  # every maximum below 0
+    report = validate(build, "host-vulkan", inputs={"x": x})
+    assert report.passed and not report.degenerate, report.to_dict()
+
+
 def test_functions_without_a_gpu_schedule_are_refused_by_name():
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
         VULKAN.build(unscheduled_module(), _target())

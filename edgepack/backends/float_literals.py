@@ -10,7 +10,9 @@ attention mask's ``-inf`` failed to compile; WGSL has no literal for them at all
 
 So each float constant whose printed form would not be its value becomes the reinterpretation of its
 bit pattern (``as_float``-style in OpenCL, ``bitcast<f32>`` of an unsigned integer in WGSL), which the
-shader compiler folds back into the same constant.
+shader compiler folds back into the same constant. So does the one int32 WGSL cannot write: its smallest,
+-2147483648, which WGSL reads as the negation of ``2147483648i``, out of range (an int8 max-pool starts
+from it: the shader failed to compile on lavapipe).
 """
 
 from __future__ import annotations
@@ -48,14 +50,28 @@ def _as_bits(imm):
     return word if dtype.bits == 32 else tirx.Cast(str(dtype), word)
 
 
+INT32_MIN = -(1 << 31)
+
+
+def _int_as_bits(imm):
+    """The int32 constant -2147483648 as the reinterpretation of its bit pattern; any other as it is."""
+    from tvm import tirx
+
+    if imm.value != INT32_MIN or str(imm.ty.dtype) != "int32":
+        return imm
+    return tirx.call_intrin("int32", "tirx.reinterpret", tirx.const(1 << 31, "uint32"))
+
+
 def exact_float_constants():
-    """The TIR pass: every float constant of a kernel that its literal would not give as its bit pattern."""
+    """The TIR pass: every float constant of a kernel that its literal would not give (and the smallest
+    int32) as its bit pattern."""
     import tvm_ffi
     from tvm import tirx
 
     @tirx.transform.prim_func_pass(opt_level=0, name="edgepack.ExactFloatConstants")
     def float_constants(func, _mod, _ctx):
-        return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.FloatImm, _as_bits)]))
+        return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.FloatImm, _as_bits),
+                                                                 (tirx.IntImm, _int_as_bits)]))
 
     return float_constants
 
