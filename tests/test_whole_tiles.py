@@ -18,29 +18,21 @@ SENTINEL = -7.0
 
 def _tile_kernel(static: int | None = None):
     """``y = 2x + 1`` in tiles of 4 (the last partial), over a run-time size ``n`` or the ``static`` one."""
+    from tvm import tirx
     from tvm.script import tirx as T
 
-    if static is None:
-        @T.prim_func(s_tir=True)
-        def tiled(a: T.handle, b: T.handle):
-            n = T.int64()
-            x = T.match_buffer(a, (n,), "float32")
-            y = T.match_buffer(b, (n,), "float32")
-            for i in T.parallel((n + 3) // 4):
-                for k in T.unroll(4):
-                    with T.sblock("y"):
-                        v = T.axis.spatial(n, i * 4 + k)
-                        T.where(i * 4 + k < n)
-                        y[v] = x[v] * T.float32(2) + T.float32(1)
-    else:
-        @T.prim_func(s_tir=True)
-        def tiled(x: T.Buffer((static,), "float32"), y: T.Buffer((static,), "float32")):
-            for i in T.parallel((static + 3) // 4):
-                for k in T.unroll(4):
-                    with T.sblock("y"):
-                        v = T.axis.spatial(static, i * 4 + k)
-                        T.where(i * 4 + k < static)
-                        y[v] = x[v] * T.float32(2) + T.float32(1)
+    n = tirx.Var("n", "int64") if static is None else static
+
+    @T.prim_func(s_tir=True)
+    def tiled(a: T.handle, b: T.handle):
+        x = T.match_buffer(a, (n,), "float32")
+        y = T.match_buffer(b, (n,), "float32")
+        for i in T.parallel((n + 3) // 4):
+            for k in T.unroll(4):
+                with T.sblock("y"):
+                    v = T.axis.spatial(n, i * 4 + k)
+                    T.where(i * 4 + k < n)
+                    y[v] = x[v] * T.float32(2) + T.float32(1)
 
     return tiled.with_attr("global_symbol", "main")
 
