@@ -836,6 +836,25 @@ def onnx_nan_to_zero(path: Path) -> Path:
     return _save_opset17(graph, path)
 
 
+#: the math operators TVM lowers to C's float functions for OpenCL and WGSL (``backends/gpu_math.py``)
+INVERSE_TRIG = ("Asinh", "Acosh", "Atanh", "Asin", "Acos", "Atan", "Tan")
+
+
+def onnx_inverse_trig(path: Path) -> Path:
+    """``x`` float32 [4, 33] in (values in (-1, 1) keep every operator in its domain); one output per operator
+    of ``INVERSE_TRIG``, Acosh's of ``|x| + 1``."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Abs", ["x"], ["abs"]), helper.make_node("Add", ["abs", "one"], ["at_least_one"])]
+    nodes += [helper.make_node(op, ["at_least_one" if op == "Acosh" else "x"], [op.lower()]) for op in INVERSE_TRIG]
+    graph = helper.make_graph(
+        nodes, "inverse_trig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 33])],
+        [helper.make_tensor_value_info(op.lower(), TensorProto.FLOAT, [4, 33]) for op in INVERSE_TRIG],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    return _save_opset17(graph, path)
+
+
 def onnx_dynamic_convs(path: Path, *, seed: int = 0) -> Path:
     """Convolutions as ``onnxruntime.quantization.quantize_dynamic`` leaves them: each float input quantized
     at run time (DynamicQuantizeLinear: uint8, its zero point from the values' range), a ConvInteger over it

@@ -23,6 +23,7 @@ import struct
 
 import numpy as np
 
+from edgepack.backends.gpu_math import overloaded_math
 from edgepack.backends.separate_products import separate_products
 from edgepack.backends.uniform_barriers import uniform_barriers
 
@@ -82,7 +83,7 @@ def _pipeline(products: str):
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()  # TVM's "default" for GPU targets
     return lower, finalize_host, lambda: tvm.transform.Sequential(
-        [separate_products(products), finalize_device(), exact_float_constants(), uniform_barriers()])
+        [separate_products(products), finalize_device(), exact_float_constants(), overloaded_math(), uniform_barriers()])
 
 
 @functools.cache
