@@ -166,11 +166,17 @@ def test_a_driver_abort_is_an_edgepack_error_and_the_caller_lives_on(model, tmp_
     edgepack.compile(model, "x86-64-opencl", build)
     assert edgepack.validate(build, "host-opencl").passed  # the build as compiled runs
     _with_oversized_local_array(build)
+    kernel = next(k.name for k in edgepack.kernels(build).kernels if "x_reindex_shared" in k.source)
+    function = kernel.removesuffix("_kernel")  # the program's function that launches it
 
     for command in (("validate", str(build), "--on", "host-opencl"), ("bench", str(build), "--on", "host-opencl")):
         result = run_cli(*command)
         assert_clean_error(result, f"{build}: the OpenCL driver ended the process", "signal SIGABRT",
                            "setup_kernel_arg_array_with_locals", "edgepack inspect BUILD --kernels", code=1)
+        # a run names the kernel it was running (the VM calls into Python around each: not timings)
+        text = result.stdout + result.stderr
+        assert (f"It was running the kernel {function}." in " ".join(text.split())) \
+            == (command[0] == "validate"), text
 
     with pytest.raises(ValidationError, match="signal SIGABRT"):
         edgepack.validate(build, "host-opencl")

@@ -3,6 +3,7 @@ names (the CPU, or this machine's OpenCL / Vulkan GPU through edgepack's runtime
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,38 @@ def load_host_library(library: Path, device: Any) -> Any:
         return relax.VirtualMachine(tvm.runtime.load_module(str(library)), device)
 
 
+#: the Relax VM's own functions (allocation, shape checks): not kernels
+VM_BUILTIN = "vm.builtin."
+
+
+def trace_kernels(vm: Any, path: str, device: Any) -> None:
+    """Before each kernel ``vm`` calls, its name written to the file ``path`` (only the last stays), and after
+    it the device waited for (a GPU runs its queue behind the caller): a driver that ends the process in
+    the middle of a run is then known by the kernel it was running."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def instrument(_func, name, before, _ret, *_args) -> int:
+        if str(name).startswith(VM_BUILTIN):
+            return 0
+        if before:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(name).encode(), 0)
+        else:
+            device.sync()
+        return 0
+
+    vm.set_instrument(instrument)
+
+
 def run_host_library(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray],
-                     device: Any) -> list[np.ndarray]:
-    """The build's ``host/model.so`` in TVM's Relax VM on ``device``, inputs copied there."""
+                     device: Any, *, trace: str | None = None) -> list[np.ndarray]:
+    """The build's ``host/model.so`` in TVM's Relax VM on ``device``, inputs copied there; ``trace``: a
+    file that names each kernel as it is called (``trace_kernels``)."""
     import tvm
 
     vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)
+    if trace:
+        trace_kernels(vm, trace, device)
     args = [tvm.runtime.tensor(contiguous(inputs[spec.name]), device=device) for spec in manifest.inputs]
     return flatten_outputs(vm["main"](*args))  # .numpy() waits for the device
 

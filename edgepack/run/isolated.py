@@ -8,7 +8,8 @@ of the caller where no GPU driver is loaded in it (the command line: fast, every
 a fork of a forkserver started once per process with TVM imported (a fork of a caller that had loaded
 a driver would inherit it without its threads). The child's result (outputs, timings or an
 EdgepackError) comes back through a pipe; its death by a signal becomes a ValidationError (exit 1) naming
-the build, the signal and the driver's last words on stderr.
+the build, the signal, the kernel it was running (``traced``: the child writes each kernel's name to a file
+before calling it, and waits for the device after) and the driver's last words on stderr.
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def _tail(path: Path, lines: int = 4) -> str:
 
 
 def run_isolated(function: Callable[..., Any], *args: Any, what: str, build_dir: Path, label: str,
-                 fork: bool = False, **kwargs: Any) -> Any:
+                 fork: bool = False, traced: bool = False, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` (a module-level function: it is pickled) in a child process; its
     result, or its EdgepackError raised again here. ``what``: what the child does, for the error when a
     signal ends it ("running", "timing"); ``label``: the backend's, for the error. ``fork``: the child is a
-    fork of this process (fast; only where no driver is loaded here), else of the forkserver."""
+    fork of this process (fast; only where no driver is loaded here), else of the forkserver. ``traced``:
+    ``function`` also takes ``trace``, a file to name each kernel in as it calls it (not for timings: the
+    VM then calls back into Python around each kernel, and waits for the device after it)."""
     if multiprocessing.current_process().daemon:
         # a daemonic process (a worker of a pool: the conformance sweeps') may have no children; whoever
         # started it stands in for the child, as its death is theirs to see
@@ -74,6 +77,9 @@ def run_isolated(function: Callable[..., Any], *args: Any, what: str, build_dir:
     receive, send = ctx.Pipe(duplex=False)
     with tempfile.NamedTemporaryFile(prefix="edgepack-driver-", suffix=".log", delete=False) as log:
         stderr_path = Path(log.name)
+    trace_path = stderr_path.with_suffix(".kernel")
+    if traced:
+        kwargs = {**kwargs, "trace": str(trace_path)}
     try:
         child = ctx.Process(target=_child, args=(send, str(stderr_path), function, args, kwargs), daemon=True)
         child.start()
@@ -88,9 +94,11 @@ def run_isolated(function: Callable[..., Any], *args: Any, what: str, build_dir:
             code = child.exitcode or 0
             how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
                 else f"exit status {code}"
+            kernel = _tail(trace_path, 1) if traced else ""
             raise ValidationError(
                 f"{build_dir}: the {label} driver ended the process {what} the build ({how}) before it "
                 "returned; edgepack ran it in a child process, so only that run was lost."
+                + (f" It was running the kernel {kernel}." if kernel else "")
                 + (f" The driver said: {said}" if said else ""),
                 "A kernel of the build asks for something this driver cannot give (e.g. more local or "
                 "workgroup memory than the device has): run `edgepack inspect BUILD --kernels` to see its "
@@ -108,3 +116,4 @@ def run_isolated(function: Callable[..., Any], *args: Any, what: str, build_dir:
     finally:
         receive.close()
         stderr_path.unlink(missing_ok=True)
+        trace_path.unlink(missing_ok=True)

@@ -83,7 +83,7 @@ class ThisMachine(Place):
         if backend.isolated_runs:  # a driver's abort must not end this process (``run/isolated.py``)
             backend.ready_here(log=progress)  # built here, with its progress; loaded in the child
             return run_isolated(_run_here, build_dir, manifest, inputs, threads, what="running", build_dir=build_dir,
-                                label=backend.label, fork=_no_driver_here())
+                                label=backend.label, fork=_no_driver_here(), traced=True)
         return _run_here(build_dir, manifest, inputs, threads, progress)
 
     def bench(self, build_dir: Path, *, repeat: int = 50, number: int = 1, warmup: int = 1, all_devices: bool = False,
@@ -109,13 +109,14 @@ def _no_driver_here() -> bool:
 
 
 def _run_here(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.ndarray], threads: int | None,
-              progress: Progress | None = None) -> RunOutputs:
-    """``ThisMachine.run`` in this process (a child's, for a backend with ``isolated_runs``)."""
+              progress: Progress | None = None, trace: str | None = None) -> RunOutputs:
+    """``ThisMachine.run`` in this process (a child's, for a backend with ``isolated_runs``, which names each
+    kernel in the file ``trace`` as it calls it)."""
     backend = backend_for(manifest)
     device = backend.host_device(log=progress)
     use_threads_here(threads)
     try:
-        return RunOutputs(run_host_library(build_dir, manifest, inputs, device),
+        return RunOutputs(run_host_library(build_dir, manifest, inputs, device, trace=trace),
                           f"this machine: {describe_device(device)}")
     except EdgepackError:
         raise
