@@ -12,8 +12,8 @@ bound of its extents, through TVM's own opt-out of the workspace call (``disable
 pipeline also rounds half to even with an instruction LLVM vectorizes (``round_even.py``) and keeps
 integer sums scaled to float from being contracted into fused multiply-adds (``separate_products.py``).
 
-``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass (and ``whole_tiles.py``) added
-before ``LowerTVMBuiltin`` and returns its name (candidates built for tuning use it too, so that records and
+``tir_pipeline()`` registers, once, TVM's default TIR pipeline with that pass added before
+``LowerTVMBuiltin`` and returns its name (candidates built for tuning use it too, so that records and
 default schedules are timed alike). TVM is imported only then: ``edgepack --help`` does not need it.
 """
 
@@ -23,7 +23,6 @@ import functools
 from math import prod
 
 from edgepack.backends.cpu.round_even import round_even
-from edgepack.backends.cpu.whole_tiles import whole_tiles
 from edgepack.backends.separate_products import separate_products
 
 TIR_PIPELINE = "edgepack-cpu"
@@ -94,7 +93,7 @@ def _pipeline():
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
     # rounding rewritten before TVM's vectorizer, which writes a vector ``nearbyint`` lane by lane
     return (tvm.transform.Sequential([round_even(), separate_products(), lower]),
-            lambda: tvm.transform.Sequential([whole_tiles(), _stack_allocations(), finalize_host()]), finalize_device)
+            lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device)
 
 
 @functools.cache
