@@ -142,3 +142,18 @@ def check_gpu_build(build: Path, backend: str, on: str, model) -> dict:
     reports = validate_real_model(build, on, model, seed=7)
     assert {r.reference for r in reports} == {"litert" if model.path.suffix == ".tflite" else "onnxruntime"}
     return gpu
+
+
+def check_inverse_trig(profile: str, place: str, tmp_path: Path) -> None:
+    """``model_factory.onnx_inverse_trig`` compiled for ``profile`` and validated at ``place`` against ONNX Runtime
+    on values in every operator's domain (TVM called C's ``asinhf`` & co.: ``backends/gpu_math.py``)."""
+    import numpy as np
+    from model_factory import INVERSE_TRIG, onnx_inverse_trig
+
+    import edgepack
+    from edgepack.validation import validate
+
+    build = edgepack.compile(onnx_inverse_trig(tmp_path / "trig.onnx"), profile, tmp_path / "b").output_dir
+    x = np.random.default_rng(7).uniform(-0.95, 0.95, (4, 33)).astype(np.float32)
+    report = validate(build, place, inputs={"x": x})
+    assert report.passed and len(report.outputs) == len(INVERSE_TRIG), report.to_dict()
