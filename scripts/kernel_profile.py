@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench import host_tasks  # the bench's kernels and FLOP counts, said once
 
-VM_BOOKKEEPING = "vm.builtin."  # allocation and shape checks: not kernels, and done once in a replay
+from edgepack.run.host import VM_BUILTIN
+
 PREPACKED = "_prepacked"  # the name a kernel takes when its weight layout is rewritten at compile time
 
 
@@ -60,7 +61,7 @@ def record_calls(vm, args) -> list[tuple[str, object, list]]:
     calls: list[tuple[str, object, list]] = []
 
     def instrument(func, name, before, _ret, *call_args):
-        if before and not str(name).startswith(VM_BOOKKEEPING):
+        if before and not str(name).startswith(VM_BUILTIN):  # allocation, shape checks: done once in a replay
             calls.append((str(name), func, list(call_args)))
         return 0
 

@@ -27,6 +27,7 @@ from edgepack.backends import backend_for
 from edgepack.frontends import ImportedModel
 from edgepack.profiles import Profile
 from edgepack.progress import Progress
+from edgepack.run.host import VM_BUILTIN
 from edgepack.run.threads import resolve_threads, threads_here
 from edgepack.tensors import random_inputs
 from edgepack.tuning.records import InModelTime, apply_tuning, load_tuning, record_in_model
@@ -93,7 +94,7 @@ def _timed_run(machine, args) -> dict[str, float]:
     started: list[float] = []
 
     def instrument(_func, symbol, before, _ret, *_args):
-        if symbol.startswith("vm.builtin"):
+        if symbol.startswith(VM_BUILTIN):
             return 0
         if before:
             started.append(time.perf_counter())
