@@ -17,14 +17,16 @@ The directory is written atomically: a temporary directory that is renamed only 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgepack.backends import backend_for, target_dict
+from edgepack.backends.half_precision import half_precision
 from edgepack.dims import Dims, parse_dims
-from edgepack.errors import ShapeError, ToolchainError, first_line
+from edgepack.errors import CompileError, ShapeError, ToolchainError, first_line
 from edgepack.files import atomic_directory, check_output_dir
 from edgepack.frontends import ImportedModel, import_model
 from edgepack.manifest import BUILD_TUNING, DEVICE_LIBRARY, DEVICE_META, HOST_LIBRARY, Artifact, BuildManifest
@@ -36,7 +38,7 @@ from edgepack.processing import (
     plan_processing,
     processed_model,
 )
-from edgepack.profiles import Profile, get_profile, require_supported
+from edgepack.profiles import PRECISIONS, Profile, get_profile, require_supported
 from edgepack.progress import Progress, reporter
 from edgepack.tensors import Dim, TensorSpec
 from edgepack.toolchain.compilers import Compilers, find_compilers
@@ -76,6 +78,7 @@ def compile_model(
     tuning: Path | str | None = None,
     preprocess: PreprocessLike | list[PreprocessLike] | None = None,
     postprocess: PostprocessLike | list[PostprocessLike] | None = None,
+    precision: str | None = None,
     progress: Progress | None = None,
 ) -> CompileResult:
     """Compile ``model`` (.onnx or .tflite) for ``profile`` into the build directory ``output_dir``.
@@ -85,6 +88,10 @@ def compile_model(
     command line, or ``edgepack.dims.DimRange`` by name): one build then runs at every size in range; ``tuning`` is a
     tuning directory (``edgepack.tune``) made for this model, input shapes and target, whose best
     records are applied; ``ndk`` locates the Android NDK for Android profiles.
+
+    ``precision``: "fp32", or "fp16" (GPU profiles: float tensors stored and computed in half precision,
+    products accumulated as the profile's ``[precision] accumulate`` says; inputs and outputs stay float32);
+    None: the profile's ``[precision] default``.
 
     ``preprocess`` / ``postprocess`` compile processing into the same program (``edgepack.processing``):
     strings as on the command line (``"input=image:bgr8,size=480x640,mean=123.7/116.3/103.5"``,
@@ -103,6 +110,10 @@ def compile_model(
     pre, post = parse_preprocess(preprocess), parse_postprocess(postprocess)
     compilers = find_compilers(profile, ndk=ndk)
     backend.preflight(profile, log=say)
+    precision = check_precision(precision or profile.precision.default, profile, backend)
+    if precision == "fp16" and tuning is not None:
+        raise CompileError("Tuning records apply to fp32 builds only: `edgepack tune` times the fp32 kernels.",
+                           "Compile with --precision fp32 and --tuning, or with --precision fp16 without it.")
 
     dims = parse_dims(dims) if isinstance(dims, list) else dict(dims or {})
     if dims and backend.no_symbolic_shapes:
@@ -133,6 +144,10 @@ def compile_model(
     # the processing around the model: one program, fused by the backend's pipeline like the model
     program = processed_model(imported, plan, word_reads=backend.no_byte_tensors) if plan else imported
     outputs = plan.results if plan else model_outputs
+    if precision == "fp16":
+        say(f"Converting to half precision (products accumulate in {profile.precision.accumulate})")
+        program = dataclasses.replace(program, mod=half_precision(program.mod, profile.precision.accumulate_dtype,
+                                                                  model.name))
 
     with atomic_directory(output_dir, force=force) as staging:
         say(f"Building for {profile.name} ({profile.triple}, {backend.label})"
@@ -184,9 +199,21 @@ def compile_model(
                    **({"run_memory": device_build.run_memory} if device_build.run_memory is not None else {})},
             processing=plan.to_dict() if plan else None,
             dims={name: r.to_dict() for name, r in dims.items()} or None,
+            precision=precision,
         )
         manifest.write(staging)
     return CompileResult(output_dir=output_dir, manifest=manifest)
+
+
+def check_precision(precision: str, profile: Profile, backend) -> str:
+    """``precision`` when it is one of ``PRECISIONS`` that ``backend`` computes in, else a CompileError."""
+    if precision not in PRECISIONS:
+        raise CompileError(f"Unknown precision {precision!r}.", f"Use one of {', '.join(PRECISIONS)}.")
+    if precision == "fp16" and backend.no_half_precision:
+        raise CompileError(f"{profile.name} builds cannot compute in fp16: {backend.no_half_precision}.",
+                           "Compile with --precision fp32 (the default for CPU profiles), or for a GPU profile "
+                           "(mali-g610, vulkan-generic).")
+    return precision
 
 
 def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers,

@@ -29,9 +29,10 @@ class BuildInputsOutputs:
     settings: tuple[str, ...]  # the processing as --preprocess / --postprocess values
     dims: tuple[str, ...] = ()  # the dimensions that change at run time, as --dim values ("W=32..1280")
     library: LibrarySizes | None = None
+    precision: str = "fp32"  # what its float tensors are stored and computed in (compile --precision)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"build_dir": str(self.build_dir), "profile": self.profile,
+        return {"build_dir": str(self.build_dir), "profile": self.profile, "precision": self.precision,
                 "library": self.library.to_dict() if self.library else None,
                 "inputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                            for t in self.inputs],
@@ -103,7 +104,7 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
         build = BuildInputsOutputs(build_dir, manifest.profile_name, manifest.inputs, manifest.outputs, described,
                                    tuple(s.spec() for s in plan.settings) if plan else (),
                                    tuple(str(r) for r in dims_from_dict(manifest.dims).values()),
-                                   LibrarySizes.of(manifest))
+                                   LibrarySizes.of(manifest), manifest.precision)
         shapes = input_shapes or model_input_shapes(manifest)
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:

@@ -58,6 +58,9 @@ class BuildManifest:
     # the input dimensions that change at run time: {name: {"min", "max", "step"}} (edgepack.dims); the
     # inputs' shapes name them, and outputs' extents that follow them are "?"
     dims: dict[str, Any] | None = None
+    # what its float tensors are stored and computed in (compile --precision): "fp32" or "fp16"; inputs and
+    # outputs are float32 either way
+    precision: str = "fp32"
 
     @property
     def profile_name(self) -> str:

@@ -100,6 +100,42 @@ def _target_within(target: dict[str, Any], limits: GpuLimits | None, where: str)
     return target
 
 
+#: The precisions a build computes in (``compile --precision``): "fp32" everywhere; "fp16" where the
+#: backend takes it (GPUs: half-precision storage and arithmetic, products accumulated as the profile says).
+PRECISIONS = ("fp32", "fp16")
+_FLOAT_TYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A profile's ``[precision]`` table: what a build computes in without ``--precision``, and what
+    convolutions' and matrix products' sums accumulate in when it computes in fp16."""
+
+    default: str = "fp32"
+    accumulate: str = "fp32"
+
+    @property
+    def accumulate_dtype(self) -> str:
+        return _FLOAT_TYPES[self.accumulate]
+
+    def to_dict(self) -> dict[str, str]:
+        return {"default": self.default, "accumulate": self.accumulate}
+
+
+def parse_precision(data: dict[str, Any] | None, where: str = "") -> Precision:
+    """The ``[precision]`` table of a profile: ``default`` and ``accumulate``, each one of ``PRECISIONS``."""
+    data = dict(data or {})
+    unknown = sorted(set(data) - {"default", "accumulate"})
+    bad = sorted(k for k, v in data.items() if k not in unknown and v not in PRECISIONS)
+    if unknown or bad:
+        raise ProfileError(
+            f"The [precision] table{where} has " + (f"unknown keys {', '.join(unknown)}" if unknown else
+                                                     "values that are no precision: " + ", ".join(
+                                                         f"{k} = {data[k]!r}" for k in bad)) + ".",
+            f"[precision] takes default and accumulate, each one of {', '.join(PRECISIONS)}.")
+    return Precision(**data)
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -114,6 +150,7 @@ class Profile:
     emulator: Emulator | None = None
     status_note: str = ""
     limits: GpuLimits | None = None  # a GPU's hardware limits ([limits]); None for CPUs
+    precision: Precision = Precision()  # [precision]: the default of compile --precision, fp16's accumulator
     source: Path | None = field(default=None, compare=False)
 
     @property
@@ -156,6 +193,7 @@ class Profile:
             "emulator": ({"command": list(self.emulator.command), "apt_package": self.emulator.apt_package}
                          if self.emulator else None),
             "limits": self.limits.to_dict() if self.limits is not None else None,
+            "precision": self.precision.to_dict(),
         }
 
 
@@ -250,6 +288,7 @@ def parse_profile(data: dict[str, Any], source: Path | None = None) -> Profile:
             toolchain=toolchain,
             emulator=emulator,
             limits=limits,
+            precision=parse_precision(data.get("precision"), where),
             source=source,
         )
     except (KeyError, TypeError) as exc:

@@ -25,6 +25,12 @@ from edgepack.tensors import TensorSpec, check_inputs, load_inputs, random_input
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
+#: fp16 builds (``compile --precision fp16``): float16 has 11 significant bits (a step of 1e-3 relative), and a
+#: network's rounding accumulates over its layers, hardest where values cancel. Each value must be within 1e-2
+#: of itself plus 1e-2 of its output's largest reference value (a near-zero logit next to large ones rounds
+#: with the large ones' step).
+FP16_ATOL = 1e-2  # times the output's largest |reference| value
+FP16_RTOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class ValidationReport:
     seconds: float
     inputs: str = ""  # what was fed: "random inputs (seed 0)", "random frames (seed 0) and a test picture", ...
     sizes: tuple[dict[str, int], ...] = ()  # a build with dims (``--dim``): the sizes it ran at, each compared
+    atol_scaled: bool = False  # atol is a fraction of each output's largest |reference| value (fp16 builds)
 
     @property
     def passed(self) -> bool:
@@ -71,6 +78,7 @@ class ValidationReport:
             "reference": self.reference,
             "atol": self.atol,
             "rtol": self.rtol,
+            "atol_scaled": self.atol_scaled,
             "passed": self.passed,
             "degenerate": self.degenerate,
             "seconds": round(self.seconds, 3),
@@ -125,10 +133,11 @@ def _failed(spec: TensorSpec, problem: str) -> OutputComparison:
 
 
 def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: dict[str, np.ndarray],
-                    atol: float, rtol: float, steps: dict[str, float] | None = None) -> tuple[OutputComparison, ...]:
+                    atol: float | dict[str, float], rtol: float,
+                    steps: dict[str, float] | None = None) -> tuple[OutputComparison, ...]:
     """Every output of the model (``specs``) against the reference's ``expected`` (by name): first that the
     run returned as many outputs as the model has, named as the model names them where the running side
-    reports names, then their values."""
+    reports names, then their values (``atol`` one for all, or by output name)."""
     compared = []
     for i, spec in enumerate(specs):
         if i >= len(ran.arrays):
@@ -141,7 +150,7 @@ def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: di
             compared.append(_failed(spec, f"{ran.ran_on} returned output {i} as {ran.names[i]!r}, not "
                                           f"{spec.name!r}: the library was made from another model"))
         else:
-            compared.append(compare(spec.name, ran.arrays[i], expected[spec.name], atol, rtol,
+            compared.append(compare(spec.name, ran.arrays[i], expected[spec.name], _of(atol, spec.name), rtol,
                                     (steps or {}).get(spec.name)))
     for i in range(len(specs), len(ran.arrays)):
         extra = TensorSpec(ran.names[i] if ran.names and i < len(ran.names) else f"output {i}",
@@ -151,15 +160,30 @@ def compare_outputs(specs: tuple[TensorSpec, ...], ran: RunOutputs, expected: di
     return tuple(compared)
 
 
+def _of(atol: float | dict[str, float], name: str) -> float:
+    return atol.get(name, 0.0) if isinstance(atol, dict) else atol
+
+
+def scaled_atol(fraction: float, expected: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per output, ``fraction`` of its largest finite |reference| value (fp16 builds' absolute tolerance)."""
+    atol = {}
+    for name, value in expected.items():
+        e = np.abs(np.asarray(value, dtype=np.float64))
+        e = e[np.isfinite(e)]
+        atol[name] = fraction * float(e.max()) if e.size else 0.0
+    return atol
+
+
 def _with_degeneracy(compared: tuple[OutputComparison, ...], references: list[dict[str, np.ndarray]],
-                     probe: dict[str, np.ndarray] | None, atol: float, rtol: float) -> tuple[OutputComparison, ...]:
+                     probe: dict[str, np.ndarray] | None, atol: float | dict[str, float],
+                     rtol: float) -> tuple[OutputComparison, ...]:
     """``compared`` with each output marked degenerate where the reference output of every run compared is
     (``edgepack.degenerate.degeneracy``), or where the reference gives the same for all of them and for
     the ``probe``'s other inputs."""
     marked = []
     for c in compared:
         values = [r[c.name] for r in references if c.name in r]
-        reasons = [degeneracy(v, atol, rtol) for v in values]
+        reasons = [degeneracy(v, _of(atol, c.name), rtol) for v in values]
         why = reasons[0] if reasons and all(reasons) else ""
         others = values[1:] + ([probe[c.name]] if probe is not None and c.name in probe else [])
         if not why and values and others:
@@ -188,8 +212,8 @@ def validate(
     *,
     inputs: Path | str | dict[str, np.ndarray] | None = None,
     seed: int = 0,
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
+    atol: float | None = None,
+    rtol: float | None = None,
     inventory: Path | str | None = None,
     threads: int | None = None,
     sizes: dict[str, int] | list[str] | None = None,
@@ -201,7 +225,9 @@ def validate(
     ``host-vulkan``, ``emulator`` (qemu-user), a device of the inventory, or ``farm:PROFILE``.
     ``inputs``: an ``.npz`` path or arrays by input name (default: seeded random inputs; a build with
     pre-processing gets random frames and then a test picture, both compared). The report says per
-    output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch.
+    output whether it is within ``atol + rtol * |expected|``; it does not raise on a mismatch. Tolerances
+    default to ``DEFAULT_ATOL`` / ``DEFAULT_RTOL``; for an fp16 build (``compile --precision fp16``) to
+    ``FP16_RTOL`` and an ``atol`` of ``FP16_ATOL`` times each output's largest |reference| value.
     ``threads``: CPU threads for the build's parallel kernels (None: ``$TVM_NUM_THREADS``, else every core).
 
     A build whose inputs have dimensions that change at run time (``compile --dim``) runs at several sizes
@@ -214,6 +240,10 @@ def validate(
     """
     build_dir = Path(build_dir)
     manifest = read_manifest(build_dir)
+    scaled = atol is None and manifest.precision == "fp16"
+    half = manifest.precision == "fp16"
+    atol = FP16_ATOL if scaled else (DEFAULT_ATOL if atol is None else atol)
+    rtol = (FP16_RTOL if half else DEFAULT_RTOL) if rtol is None else rtol
     place = parse_place(on, inventory)
     plan = manifest_plan(manifest)
     dims = dims_from_dict(manifest.dims)
@@ -254,11 +284,13 @@ def validate(
                 [np.asarray(e) for e in reference_run.outputs]
             expected = dict(zip(reference_run.names, reference_run.expected(actual, atol, rtol)))
         references.append(expected)
-        compared.append(compare_outputs(manifest.outputs, ran, expected, atol, rtol, steps))
+        tolerance = scaled_atol(atol, expected) if scaled else atol
+        compared.append(compare_outputs(manifest.outputs, ran, expected, tolerance, rtol, steps))
     probe = _probe(build_dir, manifest, runs[0], seed, at[0]) if plan is None and len(runs) == 1 else None
     reference = "onnxruntime" if manifest.model_format == "onnx" else "litert"
     if plan is not None:
         reference += " with the processing as ONNX (pre) and NumPy (post)"
-    outputs = _with_degeneracy(merge(compared), references, probe, atol, rtol)
+    outputs = _with_degeneracy(merge(compared), references, probe,
+                               scaled_atol(atol, references[0]) if scaled else atol, rtol)
     return ValidationReport(build_dir, on, ran_on, reference, atol, rtol, outputs, time.perf_counter() - started, fed,
-                            tuple(a for a in at if a) if dims else ())
+                            tuple(a for a in at if a) if dims else (), atol_scaled=scaled)

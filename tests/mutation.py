@@ -163,12 +163,12 @@ def loop_bound_off_by_one(kernel: str = "conv2d"):
 
 
 def wrong_build(model_path: Path, profile: str, out: Path, mutation: str, *, input_shapes=None, conv: int = 1,
-                op: str = "Conv", kernel: str = "conv2d", dims=None) -> Path:
+                op: str = "Conv", kernel: str = "conv2d", dims=None, precision: str | None = None) -> Path:
     """A build of ``model_path`` for ``profile`` in ``out`` with one defect (see the module docstring), the
     original model beside it as the reference."""
     if mutation == "loop_bound":
         with loop_bound_off_by_one(kernel) as mutated:
-            compile_model(model_path, profile, out, input_shapes=input_shapes, dims=dims)
+            compile_model(model_path, profile, out, input_shapes=input_shapes, dims=dims, precision=precision)
         assert mutated, f"no kernel named *{kernel}* had a reduction loop to shorten"
         return out
     mutated = mutate_onnx(model_path, out.parent / f"{out.name}.{mutation}.onnx", mutation, conv, op)
@@ -180,6 +180,6 @@ def wrong_build(model_path: Path, profile: str, out: Path, mutation: str, *, inp
             shutil.copyfile(other.output_dir / path, out / path)
         shutil.rmtree(other.output_dir)
         return out
-    compile_model(mutated, profile, out, input_shapes=input_shapes, dims=dims)
+    compile_model(mutated, profile, out, input_shapes=input_shapes, dims=dims, precision=precision)
     shutil.copyfile(model_path, out / read_manifest(out).model_file)
     return out

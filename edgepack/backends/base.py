@@ -154,6 +154,8 @@ class Backend(ABC):
     no_byte_tensors: ClassVar[str | None] = None
     #: Why it cannot compile inputs whose dimensions change at run time (``compile --dim``), or None when it can.
     no_symbolic_shapes: ClassVar[str | None] = "its kernel schedules need static shapes (so far only CPU builds take --dim)"
+    #: Why it cannot compute in half precision (``compile --precision fp16``), or None when it can.
+    no_half_precision: ClassVar[str | None] = "it computes in fp32 (fp16 is for GPU profiles)"
     #: Why it cannot compile a ``--dim`` with a step (``W=32..256:32``), or None when it can.
     no_stepped_dims: ClassVar[str | None] = None
 
@@ -215,6 +217,9 @@ class Backend(ABC):
     def driver_loaded(self) -> bool:
         """Whether this process has loaded this backend's device driver (a fork would not copy its threads)."""
         return False
+
+    def check_runs_here(self, build_dir: Path, manifest: BuildManifest) -> None:
+        """Raise an EdgepackError where this machine's device (found by ``host_device``) cannot run the build."""
 
     @abstractmethod
     def host_device(self, *, log: Progress | None = None) -> Any:

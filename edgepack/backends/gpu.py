@@ -408,6 +408,7 @@ class GpuBackend(Backend):
     #: dlight schedules symbolic extents (``compile --dim``); ``uniform_barriers.py`` keeps the reductions'
     #: barriers where every thread reaches them (a dynamic build's kernels hung on PoCL without it)
     no_symbolic_shapes = None
+    no_half_precision = None  # the device must have half arithmetic (``half_arithmetic``), checked before a run
     #: The TVM target kind's code-generator module kind ("opencl", "webgpu").
     module_kind: ClassVar[str]
     #: The kernel language, for messages ("OpenCL", "WGSL").
@@ -699,6 +700,24 @@ class GpuBackend(Backend):
     def host_device(self, *, log: Progress | None = None) -> Any:
         self.require_device(log=log)
         return self.tvm_device()
+
+    #: The device capability fp16 builds' kernels need, as the driver names it ("cl_khr_fp16", "shader-f16").
+    half_feature: ClassVar[str]
+
+    @abstractmethod
+    def half_arithmetic(self, device: dict[str, Any]) -> bool:
+        """Whether a device of ``runtime_info()`` computes in half precision (fp16 builds run there)."""
+
+    def check_runs_here(self, build_dir: Path, manifest: BuildManifest) -> None:
+        if manifest.precision != "fp16":
+            return
+        device = self.runtime_info()["devices"][0]
+        if not self.half_arithmetic(device):
+            raise EdgepackError(
+                f"{build_dir} computes in fp16, and this machine's {self.recipe.label} device ({device['name']}, "
+                f"driver {device.get('driver', '?')}) has no {self.half_feature}: its kernels would not compile.",
+                "Validate it on the device it was made for (--on NAME), or compile with --precision fp32 to "
+                "validate here.")
 
     # --- shipping
 

@@ -83,6 +83,11 @@ class OpenCLBackend(GpuBackend):
             sections[name] = text.rstrip() + "\n"
         return sections
 
+    half_feature = "cl_khr_fp16"
+
+    def half_arithmetic(self, device: dict[str, Any]) -> bool:
+        return bool(device.get("fp16"))
+
     def tvm_device(self) -> Any:
         import tvm
 

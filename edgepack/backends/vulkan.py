@@ -175,8 +175,13 @@ class VulkanBackend(GpuBackend):
     topi_scans = False  # wrong in WGSL on lavapipe (``gpu_scans.py``)
     scaled_sums = "opaque"  # naga marks nothing exact: lavapipe reassociated a bias (separate_products.py)
 
+    half_feature = "shader-f16 (Vulkan's shaderFloat16)"
+
     def split_source(self, source: str) -> dict[str, str]:
         return split_shaders(source)
+
+    def half_arithmetic(self, device: dict[str, Any]) -> bool:
+        return bool(device.get("shader_f16"))
 
     def preflight(self, profile: Profile, *, log: Progress | None = None) -> None:
         wgpu_native(profile.triple, log=log)  # no wgpu-native for the triple (Android): say so before any build

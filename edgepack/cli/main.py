@@ -86,6 +86,11 @@ def compile_(
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the output directory if it exists.")] = False,
     ndk: Annotated[str | None, typer.Option("--ndk", help="Android NDK root (android profiles).")] = None,
     tuning: Annotated[Path | None, typer.Option("--tuning", help="Apply the best records of a tuning directory (`edgepack tune`).")] = None,
+    precision: Annotated[str | None, typer.Option(
+        "--precision", metavar="fp32|fp16",
+        help="What float tensors are stored and computed in: fp16 (GPU profiles) halves the weights and uses the "
+             "GPU's half arithmetic; inputs and outputs stay float32 \\[default: the profile's, fp32 but for "
+             "android-mali and adreno-6xx].")] = None,
     bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
     preprocess: Annotated[list[str] | None, typer.Option(
         "--preprocess", metavar="NAME=image:FORMAT,...|FILE.toml",
@@ -109,7 +114,7 @@ def compile_(
     with render.steps(quiet=as_json) as step:
         result = edgepack.compile(model, profile, output, input_shapes=edgepack.parse_input_shapes(input_shape),
                                   dims=dim or None, force=force, ndk=ndk, tuning=tuning, preprocess=preprocess, postprocess=postprocess,
-                                  progress=step)
+                                  precision=precision, progress=step)
     packaged = None
     if bundle == "c":
         with render.steps(quiet=as_json) as step:
@@ -132,8 +137,8 @@ def validate(
     inventory: Annotated[Path | None, typer.Option("--inventory", envvar="EDGEPACK_INVENTORY", help="Device inventory \\[default: ~/.config/edgepack/devices.toml].")] = None,
     inputs: Annotated[Path | None, typer.Option("--inputs", "-i", help=".npz of inputs keyed by input name \\[default: seeded random].")] = None,
     seed: Annotated[int, typer.Option(help="Seed for random inputs.")] = 0,
-    atol: Annotated[float, typer.Option(help="Absolute tolerance.")] = 1e-4,
-    rtol: Annotated[float, typer.Option(help="Relative tolerance.")] = 1e-3,
+    atol: Annotated[float | None, typer.Option(help="Absolute tolerance \\[default: 1e-4; fp16 builds: 1e-2 of the output's largest value].", show_default=False)] = None,
+    rtol: Annotated[float | None, typer.Option(help="Relative tolerance \\[default: 1e-3; fp16 builds: 1e-2].", show_default=False)] = None,
     threads: ThreadsOption = None,
     size: Annotated[list[str] | None, typer.Option("--size", metavar="NAME=VALUE", help="A build with --dim ranges: run at this size only (repeat per dim) \\[default: each dim at its smallest, largest and three sizes between].")] = None,
     as_json: JsonOption = False,

@@ -124,6 +124,7 @@ def build_program(build) -> None:
         console.print(f"  compiled in: {escape(setting)}", highlight=False)
     for dim in build.dims:
         console.print(f"  runs at every size {escape(dim)} (one program; '?' output extents follow it)", highlight=False)
+    console.print(f"  precision: {_precision(build.precision)}", highlight=False)
     for what, text in library_lines(build.library) if build.library else ():
         console.print(f"  {what}: {text}", highlight=False)
 
@@ -163,6 +164,13 @@ def model_info(info, ir_text=None) -> None:
         console.print(after, markup=False, highlight=False)
 
 
+def _precision(precision: str, accumulate: str | None = None) -> str:
+    if precision != "fp16":
+        return precision
+    sums = f", products summed in {accumulate}" if accumulate else ""
+    return f"fp16 (weights and activations in half precision{sums}; inputs and outputs float32)"
+
+
 def compile_summary(result) -> None:
     m = result.manifest
     table = Table(title=f"Compiled {m.model_source.rsplit('/', 1)[-1]} for {m.profile_name}", title_justify="left",
@@ -176,6 +184,7 @@ def compile_summary(result) -> None:
         for spec in specs:
             note = f"\n  {escape(described[spec.name])}" if spec.name in described else ""
             table.add_row(kind, f"{spec.name} {spec.dtype} {_shape(spec.shape)}{note}")
+    table.add_row("precision", _precision(m.precision, m.profile.get("precision", {}).get("accumulate", "fp32")))
     for name, r in (m.dims or {}).items():
         step = f" in steps of {r['step']}" if r["step"] != 1 else ""
         table.add_row("dim", f"{name} from {r['min']} to {r['max']}{step} (memory planned for {r['max']})")
@@ -193,8 +202,9 @@ def compile_summary(result) -> None:
 
 
 def validation_report(report) -> None:
+    atol = f"{report.atol:g}" + (" of each output's largest value" if report.atol_scaled else "")
     table = Table(title=f"Validation of {report.build_dir} on {report.on} vs {report.reference}"
-                        f" (atol {report.atol:g}, rtol {report.rtol:g})", title_justify="left")
+                        f" (atol {atol}, rtol {report.rtol:g})", title_justify="left")
     for col in ("output", "shape", "max abs err", "max rel err", "mismatched", "result"):
         table.add_column(col, justify="right" if "err" in col or col == "mismatched" else "left",
                          no_wrap=col != "output")

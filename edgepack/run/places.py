@@ -114,6 +114,7 @@ def _run_here(build_dir: Path, manifest: BuildManifest, inputs: dict[str, np.nda
     kernel in the file ``trace`` as it calls it)."""
     backend = backend_for(manifest)
     device = backend.host_device(log=progress)
+    backend.check_runs_here(build_dir, manifest)
     use_threads_here(threads)
     try:
         return RunOutputs(run_host_library(build_dir, manifest, inputs, device, trace=trace),
@@ -132,6 +133,7 @@ def _bench_here(build_dir: Path, repeat: int, number: int, warmup: int, threads:
     manifest = read_manifest(build_dir)
     backend = backend_for(manifest)
     device = backend.host_device(log=progress)
+    backend.check_runs_here(build_dir, manifest)
     count = use_threads_here(threads)
     started = time.monotonic()
     vm = load_host_library(build_dir / manifest.artifacts["host_library"].path, device)

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <unordered_map>
 
 #include "edgepack_gpu/kernel_cache.h"
@@ -276,6 +277,16 @@ namespace {
 
 using gpu::JsonEscape;
 
+/*! \brief Whether a space-separated CL_DEVICE_EXTENSIONS string names ``name``. */
+bool HasExtension(const std::string& extensions, const std::string& name) {
+  std::istringstream words(extensions);
+  std::string word;
+  while (words >> word) {
+    if (word == name) return true;
+  }
+  return false;
+}
+
 /*! \brief JSON: the OpenCL library loaded, and the devices tvm.opencl(i) maps to. */
 std::string RuntimeInfo() {
   OpenCLWorkspace* ws = OpenCLWorkspace::Global();
@@ -298,7 +309,8 @@ std::string RuntimeInfo() {
        << "\", \"compute_units\": " << e.compute_units
        << ", \"max_work_group_size\": " << e.max_work_group_size
        << ", \"local_mem_size\": " << e.local_mem_size
-       << ", \"global_mem_size\": " << e.global_mem_size << "}";
+       << ", \"global_mem_size\": " << e.global_mem_size
+       << ", \"fp16\": " << (HasExtension(e.extensions, "cl_khr_fp16") ? "true" : "false") << "}";
   }
   os << "]}";
   return os.str();
