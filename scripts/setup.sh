@@ -33,7 +33,7 @@ if command -v update-binfmts >/dev/null && [ "$(id -u)" -eq 0 ]; then
 fi
 
 PYTHON="${PYTHON:-python3}"
-if ! "$PYTHON" -c "import edgepack, tvm, onnxruntime, ai_edge_litert, pytest, xdist, PIL, xgboost, tornado" 2>/dev/null \
+if ! "$PYTHON" -c "import edgepack, tvm, onnxruntime, ai_edge_litert, lz4, pytest, xdist, PIL, xgboost, tornado" 2>/dev/null \
    || [ pyproject.toml -nt "$("$PYTHON" -c 'import edgepack,os;print(os.path.dirname(edgepack.__file__))')" ]; then
   echo "==> pip install -e .[test,tune]"
   "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test,tune]"

@@ -5,6 +5,7 @@ validated where its build runs, on seeded random inputs and on its natural input
     python scripts/zoo.py                                   # every real model; host, rpi4, rpi3
     python scripts/zoo.py --profiles mali-g610,vulkan-generic --models ppocr_det,yolov8n
     python scripts/zoo.py --markdown docs/conformance.md    # rewrites its section there ("## Real models")
+    python scripts/zoo.py --profiles vulkan-generic --precision fp16 --json fp16.json   # fp16 builds (GPUs)
 
 Where a build runs: host builds on this machine, other CPU profiles as device libraries under qemu-user
 (``--on emulator``), GPU profiles on this machine's OpenCL / Vulkan device (PoCL, lavapipe). Each (model,
@@ -46,23 +47,25 @@ def place_for(profile_name: str) -> str:
     return "emulator"
 
 
-def one(name: str, profile: str, work: Path) -> dict:
+def one(name: str, profile: str, work: Path, precision: str | None = None) -> dict:
     """Compile and validate one model for one profile: a row of the sweep."""
     from edgepack.compiling import compile_model
     from edgepack.errors import EdgepackError
     from edgepack.validation import validate
 
     model = ensure_models()[name]
-    row = {"model": name, "family": model.family, "profile": profile, "on": place_for(profile)}
+    row = {"model": name, "family": model.family, "profile": profile, "on": place_for(profile),
+           "precision": precision}
     started = time.monotonic()
     try:
-        build = compile_model(model.path, profile, work / f"{name}-{profile}", input_shapes=model.input_shapes,
-                              force=True)
+        build = compile_model(model.path, profile, work / f"{name}-{profile}{'-' + precision if precision else ''}",
+                              input_shapes=model.input_shapes, force=True, precision=precision)
     except EdgepackError as exc:
         return row | {"result": "COMPILE ERROR", "error": exc.message[:300]}
     row["compile_s"] = round(time.monotonic() - started, 1)
     row["library_bytes"] = build.manifest.artifacts["device_library"].size
     row["model_bytes"] = model.path.stat().st_size
+    row["constants_bytes"] = build.manifest.extra.get("constants", {}).get("bytes")
     runs = []
     for kind, inputs in (("random", None if model.random_inputs else False), ("natural", model.natural)):
         if inputs is False or (kind == "natural" and inputs is None):
@@ -90,8 +93,9 @@ def one(name: str, profile: str, work: Path) -> dict:
     return row
 
 
-def _run_row(name: str, profile: str, work: Path, timeout: float) -> dict:
-    command = [sys.executable, __file__, "--one", name, profile, "--work", str(work)]
+def _run_row(name: str, profile: str, work: Path, timeout: float, precision: str | None = None) -> dict:
+    command = [sys.executable, __file__, "--one", name, profile, "--work", str(work),
+               *(["--precision", precision] if precision else [])]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -154,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per (model, profile)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, help="rewrite the real-models section of this file")
+    parser.add_argument("--precision", help="compile --precision for every build (default: each profile's)")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "PROFILE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(one(*args.one, args.work)), flush=True)
+        print(json.dumps(one(*args.one, args.work, args.precision)), flush=True)
         return 0
     models = ensure_models()
     names = args.models.split(",") if args.models else [n for n, m in models.items() if m.real_weights]
@@ -170,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(tmp)
         for name in names:
             for profile in profiles:
-                row = _run_row(name, profile, work, args.timeout)
+                row = _run_row(name, profile, work, args.timeout, args.precision)
                 rows.append(row)
-                print(f"[{time.strftime('%H:%M:%S')}] {name:24s} {profile:16s} {_cell(row)}", file=sys.stderr,
+                size = (f" library {row['library_bytes'] / row['model_bytes']:.2f}x the model"
+                        if row.get("library_bytes") else "")
+                print(f"[{time.strftime('%H:%M:%S')}] {name:24s} {profile:16s} {_cell(row)}{size}", file=sys.stderr,
                       flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

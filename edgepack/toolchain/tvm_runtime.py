@@ -273,7 +273,7 @@ def ensure_target_runtime(
     }
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:12]
     root = base / f"{triple}-{key}"
-    complete = lambda p: _is_complete(p, need_static=True)  # noqa: E731
+    complete = lambda p: _is_complete(p, need_static=True)
     if complete(root):
         return _runtime_from_dir(root)
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "edgepack_gpu/lz4_block.h"
 #include "edgepack_gpu/module_data.h"
 #include "edgepack_gpu/util.h"
 
@@ -59,6 +60,8 @@ class KernelModuleObj : public tvm::ffi::ModuleObj {
  * "webgpu"; ``plugin``: edgepack's, "opencl" or "vulkan"):
  *   device_api.<device>                    the DeviceAPI ``workspace()`` returns
  *   ffi.Module.load_from_bytes.<device>    ``load(bytes)``, the module TVM's code generator wrote
+ *   ffi.Module.load_from_bytes.<device>_lz4  the same module stored compressed by edgepack
+ *                                          (``u64 length`` + one LZ4 block: lz4_block.h)
  *   edgepack.<plugin>.uses_<device>        does a model (module tree) need this device? (for C)
  *   edgepack.<plugin>.runtime_info         ``info()``: JSON about the library and devices found
  * each unless another copy of the plug-in registered it first (see GlobalTaken).
@@ -77,6 +80,25 @@ void RegisterPlugin(const std::string& device, const std::string& plugin, Worksp
   const std::string load_name = "ffi.Module.load_from_bytes." + device;
   if (!GlobalTaken(load_name.c_str())) {
     refl::GlobalDef().def(load_name.c_str(), [load](const ffi::Bytes& bytes) { return load(bytes); });
+  }
+  const std::string packed_name = load_name + "_lz4";
+  if (!GlobalTaken(packed_name.c_str())) {
+    refl::GlobalDef().def(packed_name.c_str(), [load, device](const ffi::Bytes& bytes) {
+      const unsigned char* data = reinterpret_cast<const unsigned char*>(bytes.data());
+      uint64_t expected = 0;
+      if (bytes.size() < sizeof(expected)) {
+        TVM_FFI_THROW(RuntimeError) << "The compressed " << device << " module is cut off";
+      }
+      for (size_t i = 0; i < sizeof(expected); ++i) expected |= static_cast<uint64_t>(data[i]) << (8 * i);
+      std::string plain;
+      std::string why = Lz4DecodeBlock(data + sizeof(expected), bytes.size() - sizeof(expected),
+                                       static_cast<size_t>(expected), &plain);
+      if (!why.empty()) {
+        TVM_FFI_THROW(RuntimeError) << "The compressed " << device << " module of this library is damaged: "
+                                    << why;
+      }
+      return load(ffi::Bytes(plain));
+    });
   }
   const std::string uses_name = "edgepack." + plugin + ".uses_" + device;
   if (!GlobalTaken(uses_name.c_str())) {

@@ -1,0 +1,160 @@
+"""GPU kernel text stored compressed in a model library.
+
+A library TVM exports holds its imported modules in one blob (``__tvm_ffi__library_bin``, tvm-ffi's
+``ProcessLibraryBin`` format: ``u64 nbytes``, the import tree, then per module its kind and bytes). A GPU
+build's device module is the kernels' source text (OpenCL C, WGSL) with their launch information: TVM's
+dlight schedules unroll their tiles, and the OpenCL generator repeats every kernel's declaration in every
+kernel's section, so the text was 2-5x the model's weights (PP-OCR's classifier: 2.3 MB of OpenCL C for
+0.5 MB of weights). It compresses 10-25x.
+
+``pack_imports(compiler)`` is an ``fpack_imports`` for ``export_library``: it serializes the imports as TVM
+would, stores each ``opencl`` / ``webgpu`` module as kind ``<kind>_lz4`` with bytes ``u64 length`` + one LZ4
+block of the original bytes (the OpenCL sections' declarations of other kernels dropped first), and
+assembles the blob into an object with ``.incbin`` (a C array of a few MB would take the compiler longer
+than the model). edgepack's GPU runtimes register ``ffi.Module.load_from_bytes.<kind>_lz4``, which
+decompresses and loads the module as before (``runtimes/plugins/gpu-common``: ``lz4_block.h``).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+from edgepack.errors import ToolchainError
+from edgepack.toolchain.process import run, tail
+
+#: The device-module kinds edgepack's runtimes load compressed, and the suffix of the compressed kind.
+COMPRESSED_KINDS = ("opencl", "webgpu")
+SUFFIX = "_lz4"
+BLOB_SYMBOL = "__tvm_ffi__library_bin"
+
+_DECLARATION = re.compile(r"(?m)^__kernel void \w+\([^;{]*\);\n")
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def u64(self) -> int:
+        (value,) = struct.unpack_from("<Q", self.data, self.at)
+        self.at += 8
+        return value
+
+    def skip(self, size: int) -> None:
+        """Skip ``u64 n`` elements of ``size`` bytes (read ``n`` first: ``self.at += ...`` would not)."""
+        n = self.u64()
+        self.at += n * size
+
+    def raw(self) -> bytes:
+        n = self.u64()
+        value = self.data[self.at:self.at + n]
+        self.at += n
+        return value
+
+
+def _str(value: bytes) -> bytes:
+    return struct.pack("<Q", len(value)) + value
+
+
+def _without_declarations(opencl: bytes) -> bytes:
+    """An OpenCL module's bytes (fmt str, fmap, source str) with the source's kernel declarations dropped:
+    TVM repeats all of them in every kernel's section; a kernel never calls another."""
+    r = _Reader(opencl)
+    fmt = r.raw()
+    fmap_start = r.at
+    for _ in range(r.u64()):  # the fmap: key, then FunctionInfo (name, arg types, launch tags, extra tags)
+        r.raw()
+        r.raw()
+        r.skip(4)  # arg types: u8 code, u8 bits, u16 lanes
+        for _ in range(r.u64()):
+            r.raw()
+        r.skip(4)  # arg extra tags: i32
+    fmap = opencl[fmap_start:r.at]
+    source = _DECLARATION.sub("", r.raw().decode())
+    return _str(fmt) + fmap + _str(source.encode())
+
+
+def compress_kernels(blob: bytes) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """``blob`` (without its leading ``u64 nbytes``) with its GPU modules compressed, and per module kind
+    (bytes before, bytes after)."""
+    import lz4.block
+
+    r = _Reader(blob)
+    indptr = [r.u64() for _ in range(r.u64())]
+    children = [r.u64() for _ in range(r.u64())]
+    out = [struct.pack("<Q", len(indptr)), *(struct.pack("<Q", v) for v in indptr),
+           struct.pack("<Q", len(children)), *(struct.pack("<Q", v) for v in children)]
+    sizes: dict[str, tuple[int, int]] = {}
+    for _ in range(len(indptr) - 1):
+        kind = r.raw().decode()
+        if kind == "_lib":
+            out.append(_str(b"_lib"))
+            continue
+        data = r.raw()
+        if kind in COMPRESSED_KINDS:
+            plain = _without_declarations(data) if kind == "opencl" else data
+            packed = struct.pack("<Q", len(plain)) + lz4.block.compress(
+                plain, mode="high_compression", compression=12, store_size=False)
+            sizes[kind] = (len(data), len(packed))
+            kind, data = kind + SUFFIX, packed
+        out += [_str(kind.encode()), _str(data)]
+    if r.at != len(blob):
+        raise ToolchainError(f"The library blob TVM wrote has {len(blob) - r.at} bytes after its last module.",
+                             "This edgepack does not know the TVM version's format; report it.")
+    return b"".join(out), sizes
+
+
+def _blob_of(c_source: str) -> bytes:
+    """The bytes of the array TVM's ``ModulePackImportsToC`` writes."""
+    body = c_source[c_source.index("= {") + 3:c_source.index("};")]
+    return bytes(int(v, 16) for v in re.findall(r"0x([0-9a-fA-F]{2})", body))
+
+
+def _assembly(symbol: str, blob: Path) -> str:
+    return (f'__asm__(".section .rodata\\n.globl {symbol}\\n.type {symbol}, %object\\n.p2align 4\\n{symbol}:\\n'
+            f'.incbin \\"{blob}\\"\\n.size {symbol}, .-{symbol}\\n.previous\\n");\n')
+
+
+def pack_imports(compiler: str, options: list[str] | None = None, sizes: dict | None = None):
+    """An ``fpack_imports`` for ``export_library``: the imports' blob with GPU modules compressed, as an
+    object made by ``compiler`` (the library's own C or C++ compiler, with ``options``). ``sizes`` receives
+    per module kind (bytes before, bytes after)."""
+    import tvm_ffi
+
+    def fpack(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
+        tvm_c = tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(module, is_system_lib, prefix)
+        blob = _blob_of(tvm_c)
+        packed, found = compress_kernels(blob[8:])
+        if sizes is not None:
+            sizes.update(found)
+        work = Path(workspace_dir)
+        blob_path = work / f"{prefix}devc.bin"
+        blob_path.write_bytes(struct.pack("<Q", len(packed)) + packed)
+        symbol = f"{prefix}{BLOB_SYMBOL}"
+        source = ['#ifdef __cplusplus\nextern "C" {\n#endif\n', _assembly(symbol, blob_path.resolve())]
+        if is_system_lib:  # as TVM's: the program's system library finds the blob by name
+            source.append(f"extern const unsigned char {symbol}[];\n"
+                          "extern int TVMFFIEnvModRegisterSystemLibSymbol(const char*, void*);\n"
+                          f'static int {symbol}_reg_ = TVMFFIEnvModRegisterSystemLibSymbol("{symbol}", '
+                          f"(void*){symbol});\n")
+        source.append("#ifdef __cplusplus\n}\n#endif\n")
+        c_path, obj_path = work / f"{prefix}devc.cc", work / f"{prefix}devc.o"
+        c_path.write_text("".join(source))
+        result = run([compiler, *(options or []), "-fPIC", "-c", str(c_path), "-o", str(obj_path)])
+        if result.returncode != 0:
+            raise ToolchainError(f"Assembling the library's kernels with {compiler} failed.", tail(result.stderr))
+        return str(obj_path)
+
+    return fpack
+
+
+def has_gpu_module(executable) -> bool:
+    """Whether a compiled executable imports a module this packing compresses."""
+    stack = [executable.mod if hasattr(executable, "mod") else executable]
+    while stack:
+        m = stack.pop()
+        if m.kind in COMPRESSED_KINDS:
+            return True
+        stack.extend(m.imports)
+    return False
