@@ -44,7 +44,7 @@ from edgepack.progress import Progress, reporter
 from edgepack.tensors import Dim, TensorSpec
 from edgepack.toolchain.compilers import Compilers, find_compilers
 from edgepack.toolchain.model_library import RUNTIME_DIM, export_model_shared, model_meta_text
-from edgepack.toolchain.packed_kernels import has_gpu_module, pack_imports
+from edgepack.toolchain.packed_kernels import packing
 from edgepack.tuning.records import apply_tuning, write_best_records
 from edgepack.versions import __version__, installed_tvm
 
@@ -235,9 +235,8 @@ def export_library(executable, path: Path) -> None:
     """Link the compiled model into a shared library for this machine."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # GPU kernels stored compressed, as in the device library, so that host validation loads them the same way
-    packing = {"fpack_imports": pack_imports(os.environ.get("CXX", "g++"))} if has_gpu_module(executable) else {}
     try:
-        executable.export_library(str(path), **packing)
+        executable.export_library(str(path), **packing(executable, os.environ.get("CXX", "g++")))
     except Exception as exc:
         raise ToolchainError(f"Linking {path.name} failed: {first_line(exc)}",
                              "Check this machine's C++ compiler with `edgepack doctor`.") from exc

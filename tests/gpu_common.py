@@ -113,9 +113,14 @@ def unscheduled_module():
     return SimpleNamespace(mod=bb.get(), info=SimpleNamespace(path=Path("plain.onnx")))
 
 
-def builds_once(models, root: Path, profile_path: Callable[[str], str] = str) -> Callable[[str, str], Path]:
-    """``get(model, profile)``: the model compiled for the profile, once per session."""
+def builds_once(models, root: Path, profile_path: Callable[[str], str] = str,
+                plain_kernels: bool = False) -> Callable[[str, str], Path]:
+    """``get(model, profile)``: the model compiled for the profile, once per session; with ``plain_kernels``,
+    its libraries keep the kernel text plain (``$EDGEPACK_PLAIN_KERNELS``), for tests that edit it."""
+    import os
+
     from edgepack.compiling import compile_model
+    from edgepack.toolchain.packed_kernels import PLAIN_ENV
 
     built: dict[tuple[str, str], Path] = {}
 
@@ -123,7 +128,16 @@ def builds_once(models, root: Path, profile_path: Callable[[str], str] = str) ->
         if (name, profile) not in built:
             model = models[name]
             out = root / f"{name}-{profile}"
-            compile_model(model.path, profile_path(profile), out, input_shapes=model.input_shapes)
+            before = os.environ.get(PLAIN_ENV)
+            if plain_kernels:
+                os.environ[PLAIN_ENV] = "1"
+            try:
+                compile_model(model.path, profile_path(profile), out, input_shapes=model.input_shapes)
+            finally:
+                if plain_kernels and before is None:
+                    del os.environ[PLAIN_ENV]
+                elif plain_kernels:
+                    os.environ[PLAIN_ENV] = before
             built[(name, profile)] = out
         return built[(name, profile)]
 
@@ -157,3 +171,21 @@ def check_inverse_trig(profile: str, place: str, tmp_path: Path) -> None:
     x = np.random.default_rng(7).uniform(-0.95, 0.95, (4, 33)).astype(np.float32)
     report = validate(build, place, inputs={"x": x})
     assert report.passed and len(report.outputs) == len(INVERSE_TRIG), report.to_dict()
+
+
+
+def edit_kernel_text(library: Path, kind: str, edit) -> None:
+    """Edit the kernel text a GPU library of a build compiled with plain kernels carries
+    (``builds_once(..., plain_kernels=True)``; edgepack stores it compressed otherwise:
+    ``toolchain/packed_kernels.py``): ``edit(text_bytes) -> bytes`` of the same length, applied to the
+    module's text in place, so the library keeps its layout."""
+    from edgepack.toolchain.packed_kernels import SUFFIX
+
+    data = library.read_bytes()
+    assert (kind + SUFFIX).encode() not in data, f"{library} stores its kernels compressed: build it plain"
+    marker = b"// Function: "
+    start, end = data.index(marker), data.rindex(b"\n}\n") + 3
+    text = data[start:end]
+    edited = edit(text)
+    assert len(edited) == len(text) and edited != text, "the edit must change the text and keep its length"
+    library.write_bytes(data[:start] + edited + data[end:])

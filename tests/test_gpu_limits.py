@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
-from gpu_common import opencl_driver_missing, vulkan_driver_missing
+from gpu_common import edit_kernel_text, opencl_driver_missing, vulkan_driver_missing
 
 import edgepack
 from edgepack.errors import ProfileError, ValidationError
 from edgepack.profiles import LIMIT_KEYS, get_profile, list_profiles, parse_profile
+from edgepack.toolchain.packed_kernels import PLAIN_ENV
 
 GPU_PROFILES = ("mali-g610", "mali-g610-vulkan", "adreno-6xx", "android-mali", "x86-64-opencl", "vulkan-generic")
 
@@ -120,8 +121,7 @@ def test_kernels_at_their_profiles_limits_compile_and_validate(model, tmp_path, 
 
 @pytest.mark.parametrize(("limit", "kernel"), [
     ("storage_buffers", "matmul_kernel"),  # 3 buffers: x, w, y
-    ("workgroup_memory", "softmax_kernel"),  # 2056 bytes, matmul's tiles 2048
-    ("invocations", "softmax_kernel"),  # 256 threads, matmul's 64
+    ("invocations", "softmax_kernel"),  # 256 threads, matmul's 64; no other rule schedules a softmax
     ("buffer_size", "matmul_kernel"),  # the 16 KiB weights
 ])
 def test_a_kernel_one_over_a_limit_is_refused_by_name(model, tmp_path, limit, kernel):
@@ -137,33 +137,66 @@ def test_a_kernel_one_over_a_limit_is_refused_by_name(model, tmp_path, limit, ke
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("base", "on"), [("x86-64-opencl", "host-opencl"), ("vulkan-generic", "host-vulkan")])
+def test_a_schedule_over_the_workgroup_memory_is_left_for_a_rule_within_it(model, tmp_path, base, on):
+    """One byte less workgroup memory than the kernel that uses the most (on PoCL: the softmax, dlight's
+    GeneralReduction with its two reductions' buffers, counted before lowering; on lavapipe: the matmul's
+    tiles): the next rule schedules that function within the limit, the build records which rule was over
+    and why, and it matches ONNX Runtime."""
+    missing = opencl_driver_missing() if base.endswith("opencl") else vulkan_driver_missing()
+    if missing:
+        pytest.skip(missing)
+    edgepack.compile(model, base, tmp_path / "first")
+    kernels = edgepack.kernels(tmp_path / "first").kernels
+    most = max(kernels, key=lambda k: k.usage["workgroup_memory"])
+    used = most.usage["workgroup_memory"]
+    first = json.loads((tmp_path / "first" / "manifest.json").read_text())["extra"]
+    rule = next(f["schedule"] for g in first.values() if isinstance(g, dict) and "functions" in g
+                for f in g["functions"] if f["name"] == most.function)
+    lower = _profile(tmp_path / f"{base}-lower.toml", base, workgroup_memory=used - 1)
+    build = edgepack.compile(model, lower, tmp_path / "within").output_dir
+    assert _most(build)["workgroup_memory"] <= used - 1
+    extra = json.loads((build / "manifest.json").read_text())["extra"]
+    gpu = next(g for g in extra.values() if isinstance(g, dict) and "functions" in g)
+    assert gpu["over_limits"] == {most.function: f"{rule}: {used} bytes of workgroup memory, over the target's "
+                                                 f"{used - 1}"}
+    assert next(f["schedule"] for f in gpu["functions"] if f["name"] == most.function) != rule
+    report = edgepack.validate(build, on)
+    assert report.passed, report.to_dict()
+
+
 # ----------------------------------------------------------------------------------------------
 # a driver that aborts
 
 
 def _with_oversized_local_array(build: Path) -> None:
     """Make one kernel of an OpenCL host build declare a 40 MB ``__local`` array (PoCL has 2 MiB), in the
-    kernel source the library carries (same length, so the library stays loadable)."""
-    library = build / read_host_library(build)
-    data = library.read_bytes()
+    kernel source the library carries (same length; ``gpu_common.edit_kernel_text``)."""
     old = b"  __local float x_reindex_shared_ptr[256];"
     new = b"__local int x_reindex_shared_ptr[9999999];"
-    assert len(old) == len(new) and data.count(old) == 1, "the matmul kernel's local tile moved"
-    library.write_bytes(data.replace(old, new))
+    assert len(old) == len(new)
+
+    def edit(text: bytes) -> bytes:
+        assert text.count(old) == 1, "the matmul kernel's local tile moved"
+        return text.replace(old, new)
+
+    edit_kernel_text(build / read_host_library(build), "opencl", edit)
 
 
 def read_host_library(build: Path) -> str:
     return json.loads((build / "manifest.json").read_text())["artifacts"]["host_library"]["path"]
 
 
-def test_a_driver_abort_is_an_edgepack_error_and_the_caller_lives_on(model, tmp_path):
+def test_a_driver_abort_is_an_edgepack_error_and_the_caller_lives_on(model, tmp_path, monkeypatch):
     """PoCL asserts (SIGABRT) in setup_kernel_arg_array_with_locals on a kernel whose local memory exceeds the
     device's, as it did on a text detector's 1.2 MB kernel: validate and bench exit 1 with an edgepack error
     naming the build and the signal, and the Python API raises ValidationError in a process that goes on."""
     if missing := opencl_driver_missing():
         pytest.skip(missing)
     build = tmp_path / "aborts"
+    monkeypatch.setenv(PLAIN_ENV, "1")  # the kernel text plain in the library, to edit it
     edgepack.compile(model, "x86-64-opencl", build)
+    monkeypatch.delenv(PLAIN_ENV)
     assert edgepack.validate(build, "host-opencl").passed  # the build as compiled runs
     _with_oversized_local_array(build)
     kernel = next(k.name for k in edgepack.kernels(build).kernels if "x_reindex_shared" in k.source)

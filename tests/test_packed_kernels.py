@@ -18,7 +18,7 @@ from gpu_common import plugin_with_a_device
 import edgepack
 from edgepack.compiling import compile_model
 from edgepack.errors import EdgepackError
-from edgepack.toolchain.packed_kernels import _DECLARATION, SUFFIX
+from edgepack.toolchain.packed_kernels import KERNEL_DECLARATION, SUFFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADERS = ROOT / "runtimes" / "plugins" / "gpu-common" / "include"
@@ -140,7 +140,7 @@ def test_gpu_libraries_store_their_kernels_compressed(models, tmp_path, profile,
         _at, _length, packed = _packed_module(library, kind)
         assert packed < len(source) / 8, (library, packed, len(source))
     if kind == "opencl":
-        assert _DECLARATION.search(source)  # TVM's text has them; the library's does not
+        assert KERNEL_DECLARATION.search(source)  # TVM's text has them; the library's does not
     assert edgepack.validate(build.output_dir, place).passed
 
     host = build.host_library

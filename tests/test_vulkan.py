@@ -15,7 +15,14 @@ import numpy as np
 import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
-from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
+from gpu_common import (
+    builds_once,
+    check_gpu_build,
+    edit_kernel_text,
+    plugin_with_a_device,
+    tiny_module,
+    unscheduled_module,
+)
 from model_factory import (
     onnx_8_bit_io,
     onnx_bool_io,
@@ -59,6 +66,13 @@ def lavapipe():
 def vk_build(models, tmp_path_factory):
     """Compile each (model, Vulkan profile) once per session."""
     get = builds_once(models, tmp_path_factory.mktemp("vulkan-builds"))
+    return lambda name, profile="vulkan-generic": get(name, profile)
+
+
+@pytest.fixture(scope="session")
+def plain_vk_build(models, tmp_path_factory):
+    """As ``vk_build``, the libraries' kernel text plain, for the tests that edit it."""
+    get = builds_once(models, tmp_path_factory.mktemp("plain-vulkan-builds"), plain_kernels=True)
     return lambda name, profile="vulkan-generic": get(name, profile)
 
 
@@ -711,17 +725,19 @@ def test_emulator_refuses_a_vulkan_build_with_the_alternatives(vk_build):
 
 
 def _copy_with_patched_shader(build: Path, dest: Path, kernel: str, old: bytes, new: bytes) -> Path:
-    """Copy a build and edit one shader inside host/model.so (same length: the embedded module
-    keeps its layout)."""
+    """Copy a build and edit one shader in the kernel text host/model.so carries (same length;
+    ``gpu_common.edit_kernel_text``)."""
     assert len(old) == len(new)
     shutil.copytree(build, dest)
-    library = dest / "host" / "model.so"
-    data = library.read_bytes()
-    start = data.index(f"fn {kernel}(".encode())
-    end = data.index(b"\n}\n", start)
-    at = data.index(old, start)
-    assert at < end, f"{old!r} not in {kernel}"
-    library.write_bytes(data[:at] + new + data[at + len(old):])
+
+    def edit(text: bytes) -> bytes:
+        start = text.index(f"fn {kernel}(".encode())
+        end = text.index(b"\n}\n", start)
+        at = text.index(old, start)
+        assert at < end, f"{old!r} not in {kernel}"
+        return text[:at] + new + text[at + len(old):]
+
+    edit_kernel_text(dest / "host" / "model.so", "webgpu", edit)
     return dest
 
 
@@ -731,8 +747,8 @@ def _a_conv_shader(build: Path, needle: str = "") -> str:
 
 
 @pytest.mark.slow
-def test_a_shader_that_does_not_compile_fails_with_wgpus_message(lavapipe, vk_build, tmp_path):
-    build = vk_build("ppocr_cls")
+def test_a_shader_that_does_not_compile_fails_with_wgpus_message(lavapipe, plain_vk_build, tmp_path):
+    build = plain_vk_build("ppocr_cls")
     kernel = _a_conv_shader(build)
     broken = _copy_with_patched_shader(build, tmp_path / "broken", kernel, b"let v__1 : i32", b"let v__1 : i33")
     with pytest.raises(ValidationError) as err:
@@ -750,8 +766,8 @@ def test_a_shader_that_does_not_compile_fails_with_wgpus_message(lavapipe, vk_bu
 
 
 @pytest.mark.slow
-def test_a_shader_that_computes_the_wrong_thing_fails_validation(lavapipe, vk_build, tmp_path):
-    build = vk_build("ppocr_cls")
+def test_a_shader_that_computes_the_wrong_thing_fails_validation(lavapipe, plain_vk_build, tmp_path):
+    build = plain_vk_build("ppocr_cls")
     kernel = _a_conv_shader(build, "= 0.000000e+00f;")
     wrong = _copy_with_patched_shader(build, tmp_path / "wrong", kernel, b"= 0.000000e+00f;", b"= 1.000000e+00f;")
     report = validate(wrong, "host-vulkan", seed=1)

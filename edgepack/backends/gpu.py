@@ -26,6 +26,7 @@ from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.program_sizes import measuring
+from edgepack.backends.schedule_limits import over_limits
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
@@ -163,12 +164,15 @@ def gpu_tuning_passes(target, max_buffers: int | None = None) -> list:
 
 
 def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None,
-                  backend_passes: Sequence[Any] = (), measured: dict | None = None):
+                  backend_passes: Sequence[Any] = (), measured: dict | None = None,
+                  passed_over: dict[str, str] | None = None):
     """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
     with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
 
     With ``records``, MetaSchedule's ``ApplyDatabase`` runs right before the first dlight pass: the
-    kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest."""
+    kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest. A rule's
+    schedule over the target's workgroup limits is left for the next rule (``schedule_limits.py``; each in
+    ``passed_over``)."""
     import tvm
     from tvm import relax
     from tvm.relax import pipeline as rp
@@ -186,7 +190,8 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
                     legalize += [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
                                  note_after]
                 rules.extend(p._inst.rules)
-                legalize.append(recording_schedule_pass(list(p._inst.rules), record, _unscheduled_label))
+                legalize.append(recording_schedule_pass(list(p._inst.rules), record, _unscheduled_label,
+                                                        over_limits=over_limits, passed_over=passed_over))
             else:
                 legalize.append(p)
 
@@ -504,8 +509,9 @@ class GpuBackend(Backend):
 
         record: dict[str, str] = {}
         measured: dict = {}
+        passed_over: dict[str, str] = {}
         pipeline, rules = _gpu_pipeline(target, record, records, limits.storage_buffers,
-                                        self.relax_passes(imported.info.path.name), measured)
+                                        self.relax_passes(imported.info.path.name), measured, passed_over)
         found: dict[str, dict[str, Any]] = {}
         buffer_sizes: dict[str, int] = {}
 
@@ -557,7 +563,8 @@ class GpuBackend(Backend):
         if records is not None:
             pipeline_name += " (tuned)"
         report = GpuReport(target=json.dumps(_plain(target.export()), sort_keys=True), pipeline=pipeline_name,
-                           rules=rules, functions=functions, kernels=kernels, details=self.report_details())
+                           rules=rules, functions=functions, kernels=kernels,
+                           details=self.report_details() | ({"over_limits": passed_over} if passed_over else {}))
         return Build(executable, report, measured.get("constants"), measured.get("run_memory"))
 
     def report_details(self) -> dict[str, Any]:

@@ -86,13 +86,17 @@ def recomputation(before, after) -> float | None:
 
 def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                             unscheduled: Callable[[object], str] = lambda _func: "none",
-                            recomputed: dict[str, float] | None = None):
+                            recomputed: dict[str, float] | None = None,
+                            over_limits: Callable[[object, object], str | None] | None = None,
+                            passed_over: dict[str, str] | None = None):
     """``ApplyDefaultSchedule(*rules)`` that writes into ``record`` which rule took each function.
 
     Functions already scheduled (tuning records, TVM's own) are recorded as ``pre-scheduled`` unless
     ``record`` already names them; a function no rule takes is recorded as ``unscheduled(func)``.
     ``recomputed`` receives the functions whose schedule does more arithmetic than their operators
-    apart (``recomputation``): a rule that computes a producer again for every read."""
+    apart (``recomputation``): a rule that computes a producer again for every read. A schedule for which
+    ``over_limits(scheduled, target)`` gives a reason (a GPU's workgroup limits: ``schedule_limits.py``) is
+    left for the next rule; ``passed_over`` receives ``{function: "rule: reason"}`` of each."""
     import tvm
     from tvm import tirx
 
@@ -108,6 +112,7 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                     record.setdefault(name, "pre-scheduled")
                     continue
                 target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
+                first_over = None  # (rule, schedule) of the first schedule over the limits
                 for rule in rules:
                     try:
                         space = rule.apply(func, target, False)
@@ -121,13 +126,25 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                     if has_symbolic_extents(func) and not lowers(scheduled, target):
                         logger.debug("%s's schedule of %s does not lower", rule_name(rule), name)
                         continue
+                    if over_limits is not None and (why := over_limits(scheduled, target)) is not None:
+                        logger.info("%s's schedule of %s asks for %s: the next rule schedules it", rule_name(rule),
+                                    name, why)
+                        if passed_over is not None:
+                            passed_over[name] = f"{rule_name(rule)}: {why}"
+                        first_over = first_over or (rule, scheduled)
+                        continue
                     updated[gvar] = scheduled
                     record[name] = rule_name(rule)
                     if recomputed is not None and (factor := recomputation(func, updated[gvar])) is not None:
                         recomputed[name] = factor
                     break
                 else:
-                    record[name] = unscheduled(func)
+                    if first_over is not None:  # no rule fits: the build's limit check names the kernel
+                        updated[gvar], record[name] = first_over[1], rule_name(first_over[0])
+                        if passed_over is not None:
+                            passed_over.pop(name, None)
+                    else:
+                        record[name] = unscheduled(func)
             for gvar, func in updated.items():
                 mod[gvar] = func
             return mod

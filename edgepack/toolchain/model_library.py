@@ -16,7 +16,7 @@ from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.files import write_text_atomic
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import archiver, c_compiler_for
-from edgepack.toolchain.packed_kernels import has_gpu_module, pack_imports
+from edgepack.toolchain.packed_kernels import packing
 from edgepack.toolchain.process import run, tail
 
 
@@ -293,8 +293,7 @@ def export_model_static(
     ar = archiver(cc)
     with tempfile.TemporaryDirectory(prefix="edgepack-static-") as tmp_name:
         tmp = Path(tmp_name)
-        packing = {"fpack_imports": pack_imports(cc, list(cflags))} if has_gpu_module(executable) else {}
-        executable.export_library(str(tmp / "model.tar"), **packing)
+        executable.export_library(str(tmp / "model.tar"), **packing(executable, cc, list(cflags)))
         objects_dir = tmp / "objects"
         objects_dir.mkdir()
         with tarfile.open(tmp / "model.tar") as tar:
@@ -361,10 +360,9 @@ def export_model_shared(
         # aarch64"), and a bare triple misses the float ABI (armhf: "uses VFP register arguments");
         # without it TVM writes the bytecode as C, which cxx compiles with the device's ABI
         fcompile.output_format = base.output_format
-        packing = {"fpack_imports": pack_imports(cc or c_compiler_for(cxx), list(options))} \
-            if has_gpu_module(executable) else {}
         try:
-            executable.export_library(str(out_path), fcompile=fcompile, addons=addons, **packing)
+            executable.export_library(str(out_path), fcompile=fcompile, addons=addons,
+                                      **packing(executable, cc or c_compiler_for(cxx), list(options)))
         except Exception as exc:  # TVM raises RuntimeError with the linker output
             raise ToolchainError(f"Linking {out_path.name} with {cxx} failed.", tail(str(exc))) from exc
     return out_path

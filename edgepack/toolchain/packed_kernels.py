@@ -17,6 +17,7 @@ decompresses and loads the module as before (``runtimes/plugins/gpu-common``: ``
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from pathlib import Path
@@ -29,7 +30,7 @@ COMPRESSED_KINDS = ("opencl", "webgpu")
 SUFFIX = "_lz4"
 BLOB_SYMBOL = "__tvm_ffi__library_bin"
 
-_DECLARATION = re.compile(r"(?m)^__kernel void \w+\([^;{]*\);\n")
+KERNEL_DECLARATION = re.compile(r"(?m)^__kernel void \w+\([^;{]*\);\n")
 
 
 class _Reader:
@@ -71,7 +72,7 @@ def _without_declarations(opencl: bytes) -> bytes:
             r.raw()
         r.skip(4)  # arg extra tags: i32
     fmap = opencl[fmap_start:r.at]
-    source = _DECLARATION.sub("", r.raw().decode())
+    source = KERNEL_DECLARATION.sub("", r.raw().decode())
     return _str(fmt) + fmap + _str(source.encode())
 
 
@@ -147,6 +148,18 @@ def pack_imports(compiler: str, options: list[str] | None = None, sizes: dict | 
         return str(obj_path)
 
     return fpack
+
+
+#: Set to 1 to keep the kernel text plain in libraries (to read it with ``strings``, or patch it in a test).
+PLAIN_ENV = "EDGEPACK_PLAIN_KERNELS"
+
+
+def packing(executable, compiler: str, options: list[str] | None = None) -> dict:
+    """``export_library``'s keyword arguments that store ``executable``'s GPU kernels compressed: none where it
+    has no GPU module or ``$EDGEPACK_PLAIN_KERNELS`` is 1."""
+    if os.environ.get(PLAIN_ENV) == "1" or not has_gpu_module(executable):
+        return {}
+    return {"fpack_imports": pack_imports(compiler, options)}
 
 
 def has_gpu_module(executable) -> bool:

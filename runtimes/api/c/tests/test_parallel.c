@@ -144,7 +144,13 @@ int main(int argc, char** argv) {
   }
   ep_parallel_set_threads(3);
   run_job(1000, 0, -1, &r, &job);
-  check("more parts than threads where the library has no barrier", atomic_load(&job.parts) > 3);
+  {
+    /* the pool leaves cores that other processes take (a test run beside others): it may run this loop
+       on fewer threads, or inline on one; on each thread it runs EP_PARTS_PER_THREAD parts */
+    int in_use = ep_parallel_threads_in_use();
+    check("more parts than threads where the library has no barrier",
+          in_use <= 1 ? atomic_load(&job.parts) == 1 : atomic_load(&job.parts) == in_use * 4);
+  }
   run_job(1000, 1, -1, &r, &job);
   check("a loop inside a part runs inline, once", r == 0 && atomic_load(&job.parts) % 1000 > 0 &&
                                                   atomic_load(&job.parts) / 1000 == 1);
