@@ -121,10 +121,6 @@ def compile_model(
     if dims and backend.no_symbolic_shapes:
         raise ShapeError(f"{profile.name} builds cannot take --dim yet: {backend.no_symbolic_shapes}.",
                          "Compile one build per size with --input-shape, or use a CPU profile.")
-    stepped = [str(d) for d in dims.values() if d.step > 1]
-    if stepped and backend.no_stepped_dims:
-        raise ShapeError(f"{profile.name} builds cannot take a --dim with a step yet ({', '.join(stepped)}): "
-                         f"{backend.no_stepped_dims}.", "Give the range without its step (--dim W=MIN..MAX).")
     say(f"Importing {model.name}")
     imported = import_model(model, input_shapes, dims)
     model_outputs = output_specs(imported)

@@ -156,8 +156,6 @@ class Backend(ABC):
     no_symbolic_shapes: ClassVar[str | None] = "its kernel schedules need static shapes (so far only CPU builds take --dim)"
     #: Why it cannot compute in half precision (``compile --precision fp16``), or None when it can.
     no_half_precision: ClassVar[str | None] = "it computes in fp32 (fp16 is for GPU profiles)"
-    #: Why it cannot compile a ``--dim`` with a step (``W=32..256:32``), or None when it can.
-    no_stepped_dims: ClassVar[str | None] = None
 
     # --- compiling -------------------------------------------------------------------------------
 

@@ -180,6 +180,15 @@ def free_vars(expr, out: set) -> None:
         free_vars(expr.body, out)
 
 
+def _binds_symbols(ty) -> bool:
+    """Whether a type names a symbolic (non-constant) shape value."""
+    from tvm import relax, tirx
+
+    shape = ty if isinstance(ty, relax.ShapeType) else getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    return values is not None and any(not isinstance(v, tirx.IntImm) for v in values)
+
+
 def live_vars(func) -> set:
     """Variables whose value reaches the function's result (everything, for an impure function)."""
     from tvm import relax
@@ -189,6 +198,9 @@ def live_vars(func) -> set:
         return {b.var for b in bindings}
     live: set = set()
     free_vars(func.body.body, live)
+    # a match_cast that binds symbolic shape variables defines them for every later use (the binding of a
+    # --dim step: ``R.match_cast(R.shape([W // 32]), R.Shape([W_32]))``), though nothing reads its variable
+    live.update(b.var for b in bindings if isinstance(b, relax.MatchCast) and _binds_symbols(b.ty))
     # arms' results are read by their If
     changed = True
     while changed:

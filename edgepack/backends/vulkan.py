@@ -156,9 +156,6 @@ class VulkanBackend(GpuBackend):
     host_place = "host-vulkan"
     static_bundle = False  # wgpu-native is a shared library only
     no_byte_tensors = "WGSL has no 8-bit integer type"
-    # without prepare()'s int64 narrowing the stepped build compiles: the narrowed program loses how W_32 is read
-    no_stepped_dims = ("after WGSL's int64 narrowing (backends/int64/), TVM's build of the program fails on the "
-                       "variable a step binds (W = 32 * W_32: 'PrimExpr W_32 * T.int64(32) is not computed')")
     module_kind = "webgpu"
     language = "WGSL"
     kernel_noun = "shaders"
