@@ -11,18 +11,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import gpu_common
 import numpy as np
 import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
-from gpu_common import (
-    builds_once,
-    check_gpu_build,
-    edit_kernel_text,
-    plugin_with_a_device,
-    tiny_module,
-    unscheduled_module,
-)
+from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
 from model_factory import (
     onnx_8_bit_io,
     onnx_bool_io,
@@ -737,7 +731,7 @@ def _copy_with_patched_shader(build: Path, dest: Path, kernel: str, old: bytes, 
         assert at < end, f"{old!r} not in {kernel}"
         return text[:at] + new + text[at + len(old):]
 
-    edit_kernel_text(dest / "host" / "model.so", "webgpu", edit)
+    gpu_common.edit_kernel_text(dest / "host" / "model.so", "webgpu", edit)
     return dest
 
 
