@@ -76,6 +76,10 @@ def _without_declarations(opencl: bytes) -> bytes:
     return _str(fmt) + fmap + _str(source.encode())
 
 
+#: What a module's bytes lose before they are compressed, by module kind.
+_BEFORE_PACKING = {"opencl": _without_declarations}
+
+
 def compress_kernels(blob: bytes) -> tuple[bytes, dict[str, tuple[int, int]]]:
     """``blob`` (without its leading ``u64 nbytes``) with its GPU modules compressed, and per module kind
     (bytes before, bytes after)."""
@@ -94,7 +98,7 @@ def compress_kernels(blob: bytes) -> tuple[bytes, dict[str, tuple[int, int]]]:
             continue
         data = r.raw()
         if kind in COMPRESSED_KINDS:
-            plain = _without_declarations(data) if kind == "opencl" else data
+            plain = _BEFORE_PACKING.get(kind, bytes)(data)
             packed = struct.pack("<Q", len(plain)) + lz4.block.compress(
                 plain, mode="high_compression", compression=12, store_size=False)
             sizes[kind] = (len(data), len(packed))
