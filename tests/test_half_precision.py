@@ -21,7 +21,7 @@ from edgepack.compiling import compile_model
 from edgepack.errors import CompileError, EdgepackError, ProfileError
 from edgepack.manifest import read_manifest
 from edgepack.profiles import Precision, get_profile, parse_precision, profile_from_dict
-from edgepack.validation import FP16_ATOL, FP16_RTOL, validate
+from edgepack.validation import DEFAULT_ATOL, FP16_ATOL, FP16_RTOL, scaled_atol, validate
 
 
 @pytest.fixture(scope="session")
@@ -174,3 +174,11 @@ def test_an_fp16_opencl_build_runs_only_where_the_driver_has_cl_khr_fp16(models,
         validate(build, "host-opencl")
     assert_clean_error(run_cli("validate", str(build), "--on", "host-opencl"), "has no cl_khr_fp16",
                        "--precision fp32")
+
+
+def test_fp16s_absolute_tolerance_follows_each_output_and_is_never_below_fp32s():
+    """1e-2 of each output's largest |reference| value, but not below DEFAULT_ATOL: a detector's map of a page
+    without text (values of 6e-8) is held to no less than an fp32 build."""
+    atol = scaled_atol(FP16_ATOL, {"map": np.full(4, 6e-8, np.float32), "logits": np.array([-300.0, 100.0]),
+                                   "all_nan": np.array([np.nan])})
+    assert atol == {"map": DEFAULT_ATOL, "logits": pytest.approx(3.0), "all_nan": DEFAULT_ATOL}
