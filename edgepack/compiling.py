@@ -44,7 +44,7 @@ from edgepack.progress import Progress, reporter
 from edgepack.tensors import Dim, TensorSpec
 from edgepack.toolchain.compilers import Compilers, find_compilers
 from edgepack.toolchain.model_library import RUNTIME_DIM, export_model_shared, model_meta_text
-from edgepack.toolchain.packed_kernels import packing
+from edgepack.toolchain.packed_kernels import Packed, packing
 from edgepack.tuning.records import apply_tuning, write_best_records
 from edgepack.versions import __version__, installed_tvm
 
@@ -152,7 +152,8 @@ def compile_model(
             + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
         device_build = backend.build(program, device_target, records=records, limits=profile.limits)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
-        artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims)
+        artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims,
+                                          backend.packed_modules())
         artifacts.update({name: Artifact.of(staging, rel)
                           for name, rel in backend.write_artifacts(staging, device_build).items()})
 
@@ -163,7 +164,7 @@ def compile_model(
             host_target = backend.host_target(profile)
             host_build = backend.build(program, host_target, records=backend.host_records(records),
                                        limits=profile.limits)
-            export_library(host_build.executable, staging / HOST_LIBRARY)
+            export_library(host_build.executable, staging / HOST_LIBRARY, backend.packed_modules())
             host_library = HOST_LIBRARY
 
         model_copy = f"model.{imported.info.format}"
@@ -215,7 +216,7 @@ def check_precision(precision: str, profile: Profile, backend) -> str:
 
 
 def export_device_library(executable, root: Path, inputs, outputs, compilers: Compilers,
-                          dims: Dims | None = None) -> dict[str, Artifact]:
+                          dims: Dims | None = None, packed: Packed | None = None) -> dict[str, Artifact]:
     """Write device/model.so with the C API's tensor metadata embedded (and device/model.meta)."""
     ranges = {name: (r.min, r.max, r.step) for name, r in (dims or {}).items()}
     meta = model_meta_text(inputs, outputs, dims=ranges)  # version 1, as before, without dims
@@ -223,16 +224,16 @@ def export_device_library(executable, root: Path, inputs, outputs, compilers: Co
     (root / DEVICE_META).write_text(meta)
     # -s: the symbol table and debug info are ~40% of the file and the device never needs them
     export_model_shared(executable, root / DEVICE_LIBRARY, compilers.cxx, meta_text=meta, cc=compilers.cc,
-                        options=["-s"])
+                        options=["-s"], packed=packed)
     return {"device_library": Artifact.of(root, DEVICE_LIBRARY), "device_meta": Artifact.of(root, DEVICE_META)}
 
 
-def export_library(executable, path: Path) -> None:
+def export_library(executable, path: Path, packed: Packed | None = None) -> None:
     """Link the compiled model into a shared library for this machine."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # GPU kernels stored compressed, as in the device library, so that host validation loads them the same way
     try:
-        executable.export_library(str(path), **packing(executable, os.environ.get("CXX", "g++")))
+        executable.export_library(str(path), **packing(executable, os.environ.get("CXX", "g++"), None, packed or {}))
     except Exception as exc:
         raise ToolchainError(f"Linking {path.name} failed: {first_line(exc)}",
                              "Check this machine's C++ compiler with `edgepack doctor`.") from exc

@@ -32,7 +32,7 @@ from mutation import wrong_build
 import edgepack
 from edgepack.backends import get_backend
 from edgepack.backends.gpu import module_source
-from edgepack.backends.opencl import driver_status
+from edgepack.backends.opencl import KERNEL_DECLARATION, driver_status
 from edgepack.compiling import compile_model
 from edgepack.errors import CompileError, EdgepackError, ValidationError
 from edgepack.frontends import run_reference
@@ -40,7 +40,6 @@ from edgepack.manifest import read_manifest
 from edgepack.profiles import get_profile
 from edgepack.tensors import random_inputs
 from edgepack.toolchain.compilers import HOST_TRIPLE
-from edgepack.toolchain.packed_kernels import KERNEL_DECLARATION
 from edgepack.validation import compare, validate
 
 ROOT = Path(__file__).resolve().parent.parent

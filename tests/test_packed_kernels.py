@@ -16,9 +16,10 @@ import pytest
 from gpu_common import plugin_with_a_device
 
 import edgepack
+from edgepack.backends.opencl import KERNEL_DECLARATION
 from edgepack.compiling import compile_model
 from edgepack.errors import EdgepackError
-from edgepack.toolchain.packed_kernels import KERNEL_DECLARATION, SUFFIX
+from edgepack.toolchain.packed_kernels import SUFFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADERS = ROOT / "runtimes" / "plugins" / "gpu-common" / "include"

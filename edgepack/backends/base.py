@@ -10,7 +10,7 @@ and so on. Adding a backend is one module here that subclasses :class:`Backend` 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -182,6 +182,11 @@ class Backend(ABC):
     def host_records(self, records: TuningRecords | None) -> TuningRecords | None:
         """The records that also apply to the host build (none: they were tuned for the device's CPU)."""
         return None
+
+    def packed_modules(self) -> dict[str, Callable[[bytes], bytes]]:
+        """The device-module kinds this backend's runtime loads compressed from a library
+        (``toolchain/packed_kernels.py``), each with what its bytes lose first."""
+        return {}
 
     def write_artifacts(self, root: Path, build: Build) -> dict[str, str]:
         """Files of the device build besides the model library ({artifact name: path in ``root``})."""

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -712,6 +712,13 @@ class GpuBackend(Backend):
     def host_device(self, *, log: Progress | None = None) -> Any:
         self.require_device(log=log)
         return self.tvm_device()
+
+    def packed_modules(self) -> dict[str, Callable[[bytes], bytes]]:
+        return {self.module_kind: self.before_packing}
+
+    def before_packing(self, module: bytes) -> bytes:
+        """What the device module's bytes lose before a library stores them compressed (nothing here)."""
+        return module
 
     #: The device capability fp16 builds' kernels need, as the driver names it ("cl_khr_fp16", "shader-f16").
     half_feature: ClassVar[str]

@@ -22,6 +22,7 @@ from edgepack.backends.gpu import HOST_TARGET, GpuBackend, Kernel, format_size, 
 from edgepack.errors import EdgepackError, ValidationError
 from edgepack.manifest import BuildManifest
 from edgepack.profiles import GpuLimits, Profile
+from edgepack.toolchain.packed_kernels import ModuleReader, encode_str
 from edgepack.toolchain.plugins import PluginRecipe
 
 _KERNEL_MARKER = "// Function: "
@@ -57,6 +58,10 @@ def driver_status() -> tuple[bool, str, str]:
 
 
 
+#: A kernel's declaration in TVM's OpenCL source (``before_packing`` drops them).
+KERNEL_DECLARATION = re.compile(r"(?m)^__kernel void \w+\([^;{]*\);\n")
+
+
 class OpenCLBackend(GpuBackend):
     name = "opencl"
     label = "OpenCL"
@@ -84,6 +89,23 @@ class OpenCLBackend(GpuBackend):
         return sections
 
     half_feature = "cl_khr_fp16"
+
+    def before_packing(self, module: bytes) -> bytes:
+        """The OpenCL module's bytes (fmt str, fmap, source str) with the source's kernel declarations dropped:
+        TVM repeats all of them in every kernel's section, and a kernel never calls another."""
+        r = ModuleReader(module)
+        fmt = r.raw()
+        fmap_start = r.at
+        for _ in range(r.u64()):  # the fmap: key, then FunctionInfo (name, arg types, launch tags, extra tags)
+            r.raw()
+            r.raw()
+            r.skip(4)  # arg types: u8 code, u8 bits, u16 lanes
+            for _ in range(r.u64()):
+                r.raw()
+            r.skip(4)  # arg extra tags: i32
+        fmap = module[fmap_start:r.at]
+        source = KERNEL_DECLARATION.sub("", r.raw().decode())
+        return encode_str(fmt) + fmap + encode_str(source.encode())
 
     def half_arithmetic(self, device: dict[str, Any]) -> bool:
         return bool(device.get("fp16"))

@@ -132,7 +132,7 @@ def package_c(
             system = backend.build(program, profile.tvm_target(), system_lib=True, records=records,
                                    limits=profile.limits)
             static_lib = export_model_static(system.executable, Path(tmp) / "libmodel.a", compilers.cc,
-                                             meta_text=meta)
+                                             meta_text=meta, packed=backend.packed_modules())
 
         say("Writing the bundle")
         write_c_bundle(staging, runtime, model_shared=build_dir / manifest.artifacts["device_library"].path,

@@ -16,7 +16,7 @@ from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.files import write_text_atomic
 from edgepack.progress import Progress
 from edgepack.toolchain.compilers import archiver, c_compiler_for
-from edgepack.toolchain.packed_kernels import packing
+from edgepack.toolchain.packed_kernels import Packed, packing
 from edgepack.toolchain.process import run, tail
 
 
@@ -267,6 +267,7 @@ def export_model_static(
     *,
     meta_text: str | None = None,
     cflags: Sequence[str] = (),
+    packed: Packed | None = None,
     log: Progress | None = None,
 ) -> Path:
     """Write the model as a static archive (``libmodel.a``) for linking into a C program.
@@ -293,7 +294,7 @@ def export_model_static(
     ar = archiver(cc)
     with tempfile.TemporaryDirectory(prefix="edgepack-static-") as tmp_name:
         tmp = Path(tmp_name)
-        executable.export_library(str(tmp / "model.tar"), **packing(executable, cc, list(cflags)))
+        executable.export_library(str(tmp / "model.tar"), **packing(executable, cc, list(cflags), packed or {}))
         objects_dir = tmp / "objects"
         objects_dir.mkdir()
         with tarfile.open(tmp / "model.tar") as tar:
@@ -320,6 +321,7 @@ def export_model_shared(
     meta_text: str | None = None,
     cc: str | None = None,
     options: Sequence[str] = (),
+    packed: Packed | None = None,
     log: Progress | None = None,
 ) -> Path:
     """Write the model as a shared library for ``ep_model_open``, with the metadata embedded.
@@ -362,7 +364,7 @@ def export_model_shared(
         fcompile.output_format = base.output_format
         try:
             executable.export_library(str(out_path), fcompile=fcompile, addons=addons,
-                                      **packing(executable, cc or c_compiler_for(cxx), list(options)))
+                                      **packing(executable, cc or c_compiler_for(cxx), list(options), packed or {}))
         except Exception as exc:  # TVM raises RuntimeError with the linker output
             raise ToolchainError(f"Linking {out_path.name} with {cxx} failed.", tail(str(exc))) from exc
     return out_path

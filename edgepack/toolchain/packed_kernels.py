@@ -7,11 +7,11 @@ dlight schedules unroll their tiles, and the OpenCL generator repeats every kern
 kernel's section, so the text was 2-5x the model's weights (PP-OCR's classifier: 2.3 MB of OpenCL C for
 0.5 MB of weights). It compresses 10-25x.
 
-``pack_imports(compiler)`` is an ``fpack_imports`` for ``export_library``: it serializes the imports as TVM
-would, stores each ``opencl`` / ``webgpu`` module as kind ``<kind>_lz4`` with bytes ``u64 length`` + one LZ4
-block of the original bytes (the OpenCL sections' declarations of other kernels dropped first), and
-assembles the blob into an object with ``.incbin`` (a C array of a few MB would take the compiler longer
-than the model). edgepack's GPU runtimes register ``ffi.Module.load_from_bytes.<kind>_lz4``, which
+``pack_imports(compiler, options, packed)`` is an ``fpack_imports`` for ``export_library``: it serializes the
+imports as TVM would, stores each module of a kind ``packed`` names (the backend's: ``Backend.packed_modules``,
+with what the module's bytes lose first, e.g. the OpenCL sections' declarations of other kernels) as kind
+``<kind>_lz4`` with bytes ``u64 length`` + one LZ4 block, and assembles the blob into an object with
+``.incbin`` (a C array of a few MB would take the compiler longer than the model). edgepack's GPU runtimes register ``ffi.Module.load_from_bytes.<kind>_lz4``, which
 decompresses and loads the module as before (``runtimes/plugins/gpu-common``: ``lz4_block.h``).
 """
 
@@ -20,20 +20,23 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from edgepack.errors import ToolchainError
 from edgepack.toolchain.process import run, tail
 
-#: The device-module kinds edgepack's runtimes load compressed, and the suffix of the compressed kind.
-COMPRESSED_KINDS = ("opencl", "webgpu")
+#: The suffix of a compressed module's kind.
 SUFFIX = "_lz4"
 BLOB_SYMBOL = "__tvm_ffi__library_bin"
 
-KERNEL_DECLARATION = re.compile(r"(?m)^__kernel void \w+\([^;{]*\);\n")
+#: The modules to compress, by kind, each with what its bytes lose first (``Backend.packed_modules``).
+Packed = Mapping[str, Callable[[bytes], bytes]]
 
 
-class _Reader:
+class ModuleReader:
+    """Little-endian reader of TVM's stream format (``u64`` values, ``str`` = ``u64 length`` + bytes)."""
+
     def __init__(self, data: bytes):
         self.data, self.at = data, 0
 
@@ -54,38 +57,16 @@ class _Reader:
         return value
 
 
-def _str(value: bytes) -> bytes:
+def encode_str(value: bytes) -> bytes:
     return struct.pack("<Q", len(value)) + value
 
 
-def _without_declarations(opencl: bytes) -> bytes:
-    """An OpenCL module's bytes (fmt str, fmap, source str) with the source's kernel declarations dropped:
-    TVM repeats all of them in every kernel's section; a kernel never calls another."""
-    r = _Reader(opencl)
-    fmt = r.raw()
-    fmap_start = r.at
-    for _ in range(r.u64()):  # the fmap: key, then FunctionInfo (name, arg types, launch tags, extra tags)
-        r.raw()
-        r.raw()
-        r.skip(4)  # arg types: u8 code, u8 bits, u16 lanes
-        for _ in range(r.u64()):
-            r.raw()
-        r.skip(4)  # arg extra tags: i32
-    fmap = opencl[fmap_start:r.at]
-    source = KERNEL_DECLARATION.sub("", r.raw().decode())
-    return _str(fmt) + fmap + _str(source.encode())
-
-
-#: What a module's bytes lose before they are compressed, by module kind.
-_BEFORE_PACKING = {"opencl": _without_declarations}
-
-
-def compress_kernels(blob: bytes) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """``blob`` (without its leading ``u64 nbytes``) with its GPU modules compressed, and per module kind
-    (bytes before, bytes after)."""
+def compress_kernels(blob: bytes, packed: Packed) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """``blob`` (without its leading ``u64 nbytes``) with its modules of the kinds ``packed`` names compressed,
+    and per module kind (bytes before, bytes after)."""
     import lz4.block
 
-    r = _Reader(blob)
+    r = ModuleReader(blob)
     indptr = [r.u64() for _ in range(r.u64())]
     children = [r.u64() for _ in range(r.u64())]
     out = [struct.pack("<Q", len(indptr)), *(struct.pack("<Q", v) for v in indptr),
@@ -94,16 +75,16 @@ def compress_kernels(blob: bytes) -> tuple[bytes, dict[str, tuple[int, int]]]:
     for _ in range(len(indptr) - 1):
         kind = r.raw().decode()
         if kind == "_lib":
-            out.append(_str(b"_lib"))
+            out.append(encode_str(b"_lib"))
             continue
         data = r.raw()
-        if kind in COMPRESSED_KINDS:
-            plain = _BEFORE_PACKING.get(kind, bytes)(data)
-            packed = struct.pack("<Q", len(plain)) + lz4.block.compress(
+        if kind in packed:
+            plain = packed[kind](data)
+            block = struct.pack("<Q", len(plain)) + lz4.block.compress(
                 plain, mode="high_compression", compression=12, store_size=False)
-            sizes[kind] = (len(data), len(packed))
-            kind, data = kind + SUFFIX, packed
-        out += [_str(kind.encode()), _str(data)]
+            sizes[kind] = (len(data), len(block))
+            kind, data = kind + SUFFIX, block
+        out += [encode_str(kind.encode()), encode_str(data)]
     if r.at != len(blob):
         raise ToolchainError(f"The library blob TVM wrote has {len(blob) - r.at} bytes after its last module.",
                              "This edgepack does not know the TVM version's format; report it.")
@@ -121,21 +102,21 @@ def _assembly(symbol: str, blob: Path) -> str:
             f'.incbin \\"{blob}\\"\\n.size {symbol}, .-{symbol}\\n.previous\\n");\n')
 
 
-def pack_imports(compiler: str, options: list[str] | None = None, sizes: dict | None = None):
-    """An ``fpack_imports`` for ``export_library``: the imports' blob with GPU modules compressed, as an
-    object made by ``compiler`` (the library's own C or C++ compiler, with ``options``). ``sizes`` receives
-    per module kind (bytes before, bytes after)."""
+def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes: dict | None = None):
+    """An ``fpack_imports`` for ``export_library``: the imports' blob with the modules of the kinds ``packed``
+    names compressed, as an object made by ``compiler`` (the library's own C or C++ compiler, with
+    ``options``). ``sizes`` receives per module kind (bytes before, bytes after)."""
     import tvm_ffi
 
     def fpack(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
         tvm_c = tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(module, is_system_lib, prefix)
         blob = _blob_of(tvm_c)
-        packed, found = compress_kernels(blob[8:])
+        repacked, found = compress_kernels(blob[8:], packed)
         if sizes is not None:
             sizes.update(found)
         work = Path(workspace_dir)
         blob_path = work / f"{prefix}devc.bin"
-        blob_path.write_bytes(struct.pack("<Q", len(packed)) + packed)
+        blob_path.write_bytes(struct.pack("<Q", len(repacked)) + repacked)
         symbol = f"{prefix}{BLOB_SYMBOL}"
         source = ['#ifdef __cplusplus\nextern "C" {\n#endif\n', _assembly(symbol, blob_path.resolve())]
         if is_system_lib:  # as TVM's: the program's system library finds the blob by name
@@ -158,20 +139,20 @@ def pack_imports(compiler: str, options: list[str] | None = None, sizes: dict | 
 PLAIN_ENV = "EDGEPACK_PLAIN_KERNELS"
 
 
-def packing(executable, compiler: str, options: list[str] | None = None) -> dict:
-    """``export_library``'s keyword arguments that store ``executable``'s GPU kernels compressed: none where it
-    has no GPU module or ``$EDGEPACK_PLAIN_KERNELS`` is 1."""
-    if os.environ.get(PLAIN_ENV) == "1" or not has_gpu_module(executable):
+def packing(executable, compiler: str, options: list[str] | None, packed: Packed) -> dict:
+    """``export_library``'s keyword arguments that store ``executable``'s modules of the kinds ``packed`` names
+    compressed: none where it has none or ``$EDGEPACK_PLAIN_KERNELS`` is 1."""
+    if os.environ.get(PLAIN_ENV) == "1" or not _imports_one_of(executable, packed):
         return {}
-    return {"fpack_imports": pack_imports(compiler, options)}
+    return {"fpack_imports": pack_imports(compiler, options, packed)}
 
 
-def has_gpu_module(executable) -> bool:
-    """Whether a compiled executable imports a module this packing compresses."""
+def _imports_one_of(executable, kinds) -> bool:
+    """Whether a compiled executable imports a module of one of ``kinds``."""
     stack = [executable.mod if hasattr(executable, "mod") else executable]
     while stack:
         m = stack.pop()
-        if m.kind in COMPRESSED_KINDS:
+        if m.kind in kinds:
             return True
         stack.extend(m.imports)
     return False

@@ -192,7 +192,8 @@ def package_android(
                                              manifest, backend.no_byte_tensors)
                 exe = backend.build(imported, _abi_target(profile, abi), limits=profile.limits).executable
                 model_lib = export_model_shared(exe, tmp / abi.name / "model.so", cxx, meta_text=meta, cc=cc,
-                                                       options=["-s", *abi.runtime_flags], log=None)
+                                                       options=["-s", *abi.runtime_flags],
+                                                packed=backend.packed_modules(), log=None)
             say(f"Building {JNI_LIBRARY} for {abi.name}")
             jni = build_jni_library(runtime, tmp / abi.name / "jni" / JNI_LIBRARY, cc, android=True, strip=True)
             plugins = backend.android_files(abi.triple, cc, cxx, log=say)  # e.g. libtvm_opencl.so for GPU builds
