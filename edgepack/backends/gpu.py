@@ -26,7 +26,7 @@ from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.program_sizes import measuring
-from edgepack.backends.schedule_limits import over_limits
+from edgepack.backends.schedule_limits import buffer_bytes, over_limits, workgroup_memory
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
@@ -256,35 +256,8 @@ def _collect_kernels(mod, kernels: dict[str, dict[str, Any]]) -> None:
             "extents": extents,
             "args": tuple(_param_type(p) for p in func.params),
             "buffer_types": tuple(_param_type(p, element=True) for p in func.params if _param_type(p) == "handle"),
-            "workgroup_memory": _workgroup_memory(func.body),
+            "workgroup_memory": workgroup_memory(func.body),
         }
-
-
-def _bytes(buffer) -> int | None:
-    """A TIR buffer's size in bytes; None where a dimension is symbolic."""
-    import tvm
-    from tvm import tirx
-
-    if not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
-        return None
-    dtype = tvm.runtime.DataType(str(buffer.dtype))
-    return math.prod(int(d.value) for d in buffer.shape) * max(1, dtype.bits * dtype.lanes // 8)
-
-
-def _workgroup_memory(body) -> int:
-    """Bytes of workgroup (OpenCL ``__local``, WGSL ``var<workgroup>``) memory a device kernel allocates:
-    its ``shared`` buffers (a symbolic size counts as 0 here; the driver checks it at launch)."""
-    import tvm_ffi
-    from tvm import tirx
-
-    total = [0]
-
-    def visit(node):
-        if str(node.buffer.scope()).startswith("shared"):
-            total[0] += _bytes(node.buffer) or 0
-
-    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, visit)], order="pre")
-    return total[0]
 
 
 def _largest_buffers(mod, sizes: dict[str, int]) -> None:
@@ -300,7 +273,7 @@ def _largest_buffers(mod, sizes: dict[str, int]) -> None:
 
         def visit(node, found=found):
             if str(node.buffer.scope()) in ("global", ""):
-                found[0] = max(found[0], _bytes(node.buffer) or 0)
+                found[0] = max(found[0], buffer_bytes(node.buffer))
 
         tvm_ffi.structural_walk(func.body, [(tirx.DeclBuffer, visit)], order="pre")
         if found[0]:

@@ -15,25 +15,7 @@ from __future__ import annotations
 import math
 
 
-def _thread_counts(func) -> dict[str, int]:
-    """Per ``threadIdx.*`` tag, the largest constant extent of a loop bound to it (a workgroup's size)."""
-    import tvm_ffi
-    from tvm import tirx
-
-    counts: dict[str, int] = {}
-
-    def visit(loop):
-        binding = loop.thread_binding
-        if loop.kind == tirx.ForKind.THREAD_BINDING and binding is not None and isinstance(loop.extent, tirx.IntImm):
-            tag = str(binding.thread_tag)
-            if tag.startswith("threadIdx"):
-                counts[tag] = max(counts.get(tag, 1), int(loop.extent.value))
-
-    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)], order="pre")
-    return counts
-
-
-def _buffer_bytes(buffer) -> int:
+def buffer_bytes(buffer) -> int:
     import tvm
     from tvm import tirx
 
@@ -41,6 +23,22 @@ def _buffer_bytes(buffer) -> int:
         return 0  # a symbolic size: the driver checks it at launch
     dtype = tvm.runtime.DataType(str(buffer.dtype))
     return math.prod(int(d.value) for d in buffer.shape) * max(1, dtype.bits * dtype.lanes // 8)
+
+
+def workgroup_memory(body) -> int:
+    """Bytes of workgroup (OpenCL ``__local``, WGSL ``var<workgroup>``) memory a lowered kernel allocates: its
+    ``shared`` buffers (a symbolic size counts as 0 here; the driver checks it at launch)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    total = [0]
+
+    def visit(node):
+        if str(node.buffer.scope()).startswith("shared"):
+            total[0] += buffer_bytes(node.buffer)
+
+    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, visit)], order="pre")
+    return total[0]
 
 
 def _allocated_shared(func) -> int:
@@ -52,7 +50,7 @@ def _allocated_shared(func) -> int:
     total = [0]
 
     def visit(block):
-        total[0] += sum(_buffer_bytes(b) for b in block.alloc_buffers if str(b.scope()).startswith("shared"))
+        total[0] += sum(buffer_bytes(b) for b in block.alloc_buffers if str(b.scope()).startswith("shared"))
 
     tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)], order="pre")
     return total[0]
@@ -74,7 +72,7 @@ def _reduction_buffers(func, threads: dict) -> int:
                 continue
             used = []
             tvm_ffi.structural_walk(value, [(tirx.Var, used.append)], order="pre")
-            spread = math.prod(threads[v] for v in {id(u): u for u in used}.values() if v in threads)
+            spread = math.prod(threads[v][1] for v in {id(u): u for u in used}.values() if v in threads)
             if spread > 1:
                 dtype = tvm.runtime.DataType(str(block.writes[0].source.dtype)) if block.writes else None
                 total[0] += spread * (max(1, dtype.bits // 8) if dtype is not None else 4)
@@ -85,7 +83,7 @@ def _reduction_buffers(func, threads: dict) -> int:
 
 
 def _thread_vars(func) -> dict:
-    """The loop variables bound to ``threadIdx.*``, with their constant extents."""
+    """The loop variables bound to ``threadIdx.*``, with their tags and constant extents."""
     import tvm_ffi
     from tvm import tirx
 
@@ -95,7 +93,7 @@ def _thread_vars(func) -> dict:
         binding = loop.thread_binding
         if (loop.kind == tirx.ForKind.THREAD_BINDING and binding is not None
                 and str(binding.thread_tag).startswith("threadIdx") and isinstance(loop.extent, tirx.IntImm)):
-            found[loop.loop_var] = int(loop.extent.value)
+            found[loop.loop_var] = (str(binding.thread_tag), int(loop.extent.value))
 
     tvm_ffi.structural_walk(func.body, [(tirx.For, visit)], order="pre")
     return found
@@ -105,7 +103,6 @@ def _lowered_shared(func, target) -> int | None:
     """Bytes of workgroup memory the function allocates once lowered (buffers compacted); None where it does
     not lower."""
     import tvm
-    import tvm_ffi
     from tvm import s_tir, tirx
 
     lower = tvm.transform.Sequential([
@@ -119,14 +116,7 @@ def _lowered_shared(func, target) -> int | None:
             lowered = lower(tvm.IRModule({"main": func.with_attrs({"target": target, "global_symbol": "main"})}))
     except Exception:  # noqa: BLE001 - TVM's check failures: the next rule may lower
         return None
-    total = [0]
-
-    def visit(node):
-        if str(node.buffer.scope()).startswith("shared"):
-            total[0] += _buffer_bytes(node.buffer)
-
-    tvm_ffi.structural_walk(lowered["main"].body, [(tirx.AllocBuffer, visit)], order="pre")
-    return total[0]
+    return workgroup_memory(lowered["main"].body)
 
 
 def over_limits(func, target) -> str | None:
@@ -135,12 +125,16 @@ def over_limits(func, target) -> str | None:
     attrs = target.attrs
     max_threads = int(attrs["max_num_threads"]) if "max_num_threads" in attrs else 0
     max_shared = int(attrs["max_shared_memory_per_block"]) if "max_shared_memory_per_block" in attrs else 0
-    threads = math.prod(_thread_counts(func).values())
+    bound = _thread_vars(func)
+    per_tag: dict[str, int] = {}  # a workgroup's size per threadIdx tag: the largest loop bound to it
+    for tag, extent in bound.values():
+        per_tag[tag] = max(per_tag.get(tag, 1), extent)
+    threads = math.prod(per_tag.values())
     if max_threads and threads > max_threads:
         return f"{threads} threads per workgroup, over the target's {max_threads}"
     if not max_shared:
         return None
-    reductions = _reduction_buffers(func, _thread_vars(func))
+    reductions = _reduction_buffers(func, bound)
     if _allocated_shared(func) + reductions > max_shared:
         used = _lowered_shared(func, target)
         if used is None or used + reductions > max_shared:
