@@ -81,6 +81,7 @@ def compile_model(
     preprocess: PreprocessLike | list[PreprocessLike] | None = None,
     postprocess: PostprocessLike | list[PostprocessLike] | None = None,
     precision: str | None = None,
+    gpu_only: bool = False,
     progress: Progress | None = None,
 ) -> CompileResult:
     """Compile ``model`` (.onnx or .tflite) for ``profile`` into the build directory ``output_dir``.
@@ -94,6 +95,10 @@ def compile_model(
     ``precision``: "fp32", or "fp16" (GPU profiles: float tensors stored and computed in half precision,
     products accumulated as the profile's ``[precision] accumulate`` says; inputs and outputs stay float32);
     None: the profile's ``[precision] default``.
+
+    GPU profiles run the operators their GPU cannot compute exactly (64-bit integers in WGSL, scans TVM's GPU
+    kernels get wrong) on the device's CPU, in the same program; the manifest's ``cpu_operators`` lists them.
+    ``gpu_only`` refuses such a model instead, naming them.
 
     ``preprocess`` / ``postprocess`` compile processing into the same program (``edgepack.processing``):
     strings as on the command line (``"input=image:bgr8,size=480x640,mean=123.7/116.3/103.5"``,
@@ -150,7 +155,8 @@ def compile_model(
     with atomic_directory(output_dir, force=force) as staging:
         say(f"Building for {profile.name} ({profile.triple}, {backend.label})"
             + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
-        device_build = backend.build(program, device_target, records=records, limits=profile.limits)
+        device_build = backend.build(program, device_target, records=records, limits=profile.limits,
+                                     gpu_only=gpu_only)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
         artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims,
                                           backend.packed_modules())
@@ -163,7 +169,7 @@ def compile_model(
             say(f"Building for this machine (validate --on {backend.host_place})")
             host_target = backend.host_target(profile)
             host_build = backend.build(program, host_target, records=backend.host_records(records),
-                                       limits=profile.limits)
+                                       limits=profile.limits, gpu_only=gpu_only)
             export_library(host_build.executable, staging / HOST_LIBRARY, backend.packed_modules())
             host_library = HOST_LIBRARY
 

@@ -189,3 +189,39 @@ def edit_kernel_text(library: Path, kind: str, edit) -> None:
     edited = edit(text)
     assert len(edited) == len(text) and edited != text, "the edit must change the text and keep its length"
     library.write_bytes(data[:start] + edited + data[end:])
+
+
+def vulkan_c_runner_and_lib(build: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The C runner built for this machine, and a lib/ holding the build's host/model.so and metadata, as
+    a C bundle's lib/ does (``add_vulkan_plugin`` puts the plug-in and wgpu-native beside them)."""
+    from edgepack.toolchain.c_programs import build_c_program
+    from edgepack.toolchain.tvm_runtime import host_runtime
+
+    runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(build / "host" / "model.so", lib / "model.so")
+    shutil.copy(build / "device" / "model.meta", lib / "model.meta")
+    return runner, lib
+
+
+def add_vulkan_plugin(lib: Path) -> None:
+    from edgepack.backends import get_backend
+    from edgepack.toolchain.compilers import HOST_TRIPLE
+    from edgepack.toolchain.wgpu_native import WGPU_LIBRARY
+
+    vulkan = get_backend("vulkan")
+    plugin = vulkan.plugin(HOST_TRIPLE)
+    shutil.copy(plugin.shared, lib / vulkan.recipe.shared)
+    shutil.copy(plugin.files(static=False)[f"lib/{WGPU_LIBRARY}"], lib / WGPU_LIBRARY)
+
+
+def vulkan_c_runner_outputs(build: Path, tmp_path: Path, inputs: dict) -> list:
+    """The build run by the C runner on this machine (host/model.so, the plug-in and wgpu-native side by
+    side, as in a C bundle's lib/), on lavapipe."""
+    from edgepack.run.c_runner import run_c_runner
+
+    manifest = read_manifest(build)
+    runner, lib = vulkan_c_runner_and_lib(build, tmp_path)
+    add_vulkan_plugin(lib)
+    return run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs).outputs

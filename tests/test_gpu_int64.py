@@ -219,7 +219,7 @@ def test_if_on_an_int64_scalar_input_is_exact_beyond_32_bits(lavapipe, cross_com
     _kernels_have_no_i64(build)
 
 
-def test_a_constant_beyond_32_bits_is_refused_by_name(cross_compiler, tmp_path):
+def test_a_constant_beyond_32_bits_is_refused_by_name_or_run_on_the_cpu(lavapipe, cross_compiler, tmp_path):
     from onnx import TensorProto as T
     from onnx import helper
 
@@ -228,14 +228,20 @@ def test_a_constant_beyond_32_bits_is_refused_by_name(cross_compiler, tmp_path):
         helper.make_node("Add", ["am", "big"], ["y"], name="add_big_offset"),
     ], [_info("x", T.FLOAT, [4, 10])], [_info("y", T.INT64, [4])], [_init("big", np.array(3_000_000_000, np.int64))])
     with pytest.raises(CompileError, match="64-bit integers") as err:
-        _compile(model, tmp_path)
+        compile_model(model, PROFILE, tmp_path / "big_constant-vk", gpu_only=True)
     message = err.value.message
     assert "add_big_offset" in message and "3000000000" in message and "32 bits" in message, message
     assert "mali-g610" in err.value.hint
     assert not (tmp_path / "big_constant-vk").exists()
+    # without --gpu-only: the addition (and the argmax it adds to) on the CPU (tests/test_cpu_fallback.py)
+    build = _compile(model, tmp_path)
+    assert {op.split(" ")[0] for op in read_manifest(build).extra["vulkan"]["cpu_operators"]} == {
+        "add_big_offset", "argmax"}
+    _assert_validates(build)
 
 
-def test_an_int64_output_of_arbitrary_values_is_refused_by_name(cross_compiler, tmp_path):
+def test_an_int64_output_of_arbitrary_values_is_refused_by_name_or_run_on_the_cpu(lavapipe, cross_compiler,
+                                                                                  tmp_path):
     """y = v + 1 for an int64 input v: any int64 value, so the output really needs 64 bits."""
     from onnx import TensorProto as T
     from onnx import helper
@@ -243,8 +249,10 @@ def test_an_int64_output_of_arbitrary_values_is_refused_by_name(cross_compiler, 
     model = _save(tmp_path / "plus_one.onnx", [helper.make_node("Add", ["v", "one"], ["y"], name="plus_one")],
                   [_info("v", T.INT64, [3])], [_info("y", T.INT64, [3])], [_init("one", np.array(1, np.int64))])
     with pytest.raises(CompileError, match="64-bit integers") as err:
-        _compile(model, tmp_path)
+        compile_model(model, PROFILE, tmp_path / "refused", gpu_only=True)
     assert "plus_one" in err.value.message and "returns it as int64" in err.value.message
+    build = _compile(model, tmp_path)
+    _assert_validates(build, {"v": np.array([2**40, -(2**35), 7], np.int64)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -405,7 +413,7 @@ def test_silero_vad_8k_keeps_the_if_on_sr(lavapipe, cross_compiler, models, tmp_
     _assert_validates(build)  # random inputs: sr in 0..10 takes the 8 kHz arm in both
 
 
-def test_topk_of_an_int64_input_is_refused_by_name_not_by_a_traceback(cross_compiler, tmp_path):
+def test_topk_of_an_int64_input_is_refused_by_name_not_by_a_traceback(lavapipe, cross_compiler, tmp_path):
     """TopK's values are its input's: an int64 input (any value) returned as they are needs 64 bits. The
     prover gave TopK's int64 values no fact and stopped with an AttributeError (found by the ONNX
     conformance sweep on lavapipe); its indices alone stay narrowable."""
@@ -416,5 +424,7 @@ def test_topk_of_an_int64_input_is_refused_by_name_not_by_a_traceback(cross_comp
                   [_info("x", T.INT64, [6])], [_info("values", T.INT64, [3]), _info("indices", T.INT64, [3])],
                   [_init("k", np.array([3], np.int64))])
     with pytest.raises(CompileError, match="64-bit integers") as err:
-        _compile(model, tmp_path)
+        compile_model(model, PROFILE, tmp_path / "refused", gpu_only=True)
     assert "returns it as int64" in err.value.message, err.value.message
+    build = _compile(model, tmp_path)  # without --gpu-only: on the CPU
+    _assert_validates(build, {"x": np.array([2**40, -5, 3, 2**33, -(2**41), 0], np.int64)})

@@ -16,12 +16,20 @@ import numpy as np
 import onnx
 import pytest
 from conftest import assert_clean_error, run_cli
-from gpu_common import builds_once, check_gpu_build, plugin_with_a_device, tiny_module, unscheduled_module
+from gpu_common import (
+    add_vulkan_plugin,
+    builds_once,
+    check_gpu_build,
+    plugin_with_a_device,
+    tiny_module,
+    unscheduled_module,
+    vulkan_c_runner_and_lib,
+    vulkan_c_runner_outputs,
+)
 from model_factory import (
     onnx_8_bit_io,
     onnx_bool_io,
     onnx_bool_masks,
-    onnx_cumulative,
     onnx_nan_to_zero,
     onnx_qdq_convs,
 )
@@ -36,8 +44,7 @@ from edgepack.frontends import run_reference
 from edgepack.manifest import read_manifest
 from edgepack.profiles import get_profile
 from edgepack.tensors import random_inputs
-from edgepack.toolchain.compilers import HOST_TRIPLE
-from edgepack.toolchain.wgpu_native import WGPU_LIBRARY, WGPU_NATIVE_VERSION, WGPU_WHEELS, wgpu_native
+from edgepack.toolchain.wgpu_native import WGPU_NATIVE_VERSION, WGPU_WHEELS, wgpu_native
 from edgepack.validation import compare, validate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,18 +268,6 @@ def test_whole_tensor_reductions_see_every_element_on_lavapipe(lavapipe, tmp_pat
     np.testing.assert_allclose(_run_tiny(built.executable, tmp_path, x), want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
-def test_a_scan_is_refused_for_vulkan_by_name(tmp_path, op):
-    """TVM's GPU scans compute wrong in WGSL on lavapipe: an inclusive product of [1, 2, 3, 4, 5] gave [1, 4,
-    9, 4, 20], a sum along 37 elements was 9.6 off (``gpu_scans.py``). Refused at compile time, with the
-    profiles that compute them, and nothing written."""
-    model = onnx_cumulative(tmp_path / f"{op}.onnx", op, np.int32, exclusive=False)
-    with pytest.raises(CompileError, match="cumulative") as err:
-        compile_model(model, "vulkan-generic", tmp_path / "b")
-    assert f"{op}.onnx" in err.value.message and op in err.value.message and "mali-g610" in err.value.hint
-    assert not (tmp_path / "b").exists()
-
-
 def test_partial_and_short_reductions_are_left_to_tvm():
     """Only reductions of a whole tensor of more than REDUCTION_SPAN elements are split."""
     from tvm import relax
@@ -372,12 +367,12 @@ def test_functions_without_a_gpu_schedule_are_refused_by_name():
 def test_64_bit_integers_are_refused_with_the_reason():
     """WGSL has no 64-bit integers: int64 tensors are narrowed to int32 where the values provably fit
     (tests/test_gpu_int64.py); an int64 output of arbitrary values (an int64 input plus one) cannot be,
-    and edgepack says why and what to do."""
+    and with --gpu-only edgepack says why and what to do."""
     from tvm import relax
 
     tiny = tiny_module(lambda i: relax.op.add(i, relax.const(1, "int64")), [((3,), "int64")], "plus_one.onnx")
     with pytest.raises(CompileError, match="64-bit integers") as err:
-        VULKAN.build(tiny, _target())
+        VULKAN.build(tiny, _target(), gpu_only=True)  # else on the CPU (tests/test_cpu_fallback.py)
     assert "mali-g610" in err.value.hint and "int32" in err.value.hint
 
 
@@ -479,37 +474,6 @@ def _wrong_words(monkeypatch, mutation: str) -> None:
         monkeypatch.setattr(wgsl_words, "_pack", swapped_pack)
 
 
-def _c_runner_and_lib(build: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """The C runner built for this machine, and a lib/ holding the build's host/model.so and metadata, as
-    a C bundle's lib/ does (``_add_vulkan_plugin`` puts the plug-in and wgpu-native beside them)."""
-    from edgepack.toolchain.c_programs import build_c_program
-    from edgepack.toolchain.tvm_runtime import host_runtime
-
-    runner = build_c_program(host_runtime(), tmp_path / "edgepack_run", cc="gcc", werror=True)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    shutil.copy(build / "host" / "model.so", lib / "model.so")
-    shutil.copy(build / "device" / "model.meta", lib / "model.meta")
-    return runner, lib
-
-
-def _add_vulkan_plugin(lib: Path) -> None:
-    plugin = VULKAN.plugin(HOST_TRIPLE)
-    shutil.copy(plugin.shared, lib / VULKAN.recipe.shared)
-    shutil.copy(plugin.files(static=False)[f"lib/{WGPU_LIBRARY}"], lib / WGPU_LIBRARY)
-
-
-def _c_runner_outputs(build: Path, tmp_path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The build run by the C runner on this machine (host/model.so, the plug-in and wgpu-native side by
-    side, as in a C bundle's lib/), on lavapipe."""
-    from edgepack.run.c_runner import run_c_runner
-
-    manifest = read_manifest(build)
-    runner, lib = _c_runner_and_lib(build, tmp_path)
-    _add_vulkan_plugin(lib)
-    return run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs).outputs
-
-
 @pytest.mark.slow
 def test_an_int8_tflite_model_with_int8_input_and_output_on_vulkan_matches_litert(lavapipe, models, vk_build):
     """MLPerf Tiny's ResNet-8 takes and gives int8 tensors (10 int8 scores: not a whole number of words).
@@ -546,10 +510,10 @@ def test_8_bit_inputs_and_outputs_of_any_shape_stay_8_bit_for_the_caller(lavapip
         assert all(o.max_abs_error <= 1 for o in report.outputs), report.to_dict()
     inputs = random_inputs(manifest.inputs, 2)
     expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
-    for spec, actual, want in zip(manifest.outputs, _c_runner_outputs(build, tmp_path, inputs), expected):
+    for spec, actual, want in zip(manifest.outputs, vulkan_c_runner_outputs(build, tmp_path, inputs), expected):
         assert actual.dtype == want.dtype and actual.shape == want.shape, spec.name
         assert np.abs(actual.astype(int) - want.astype(int)).max() <= 1, spec.name
-    assert np.array_equal(_c_runner_outputs(build, tmp_path / "again", inputs)[3], inputs["codes"])
+    assert np.array_equal(vulkan_c_runner_outputs(build, tmp_path / "again", inputs)[3], inputs["codes"])
 
 
 @pytest.mark.slow
@@ -619,7 +583,7 @@ def test_bool_inputs_and_outputs_stay_one_byte_per_element_for_the_caller(lavapi
         assert report.passed and not report.degenerate, report.to_dict()
     inputs = random_inputs(manifest.inputs, 2)  # the C runner passes bool arrays too
     expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
-    for spec, actual, want in zip(manifest.outputs, _c_runner_outputs(build, tmp_path, inputs), expected):
+    for spec, actual, want in zip(manifest.outputs, vulkan_c_runner_outputs(build, tmp_path, inputs), expected):
         assert actual.dtype == want.dtype and np.array_equal(actual, want), spec.name
 
 
@@ -780,11 +744,11 @@ def test_c_api_runs_a_vulkan_model_with_the_plugin_next_to_it(lavapipe, vk_build
 
     build = vk_build("mobilenetv2")
     manifest = read_manifest(build)
-    runner, lib = _c_runner_and_lib(build, tmp_path)
+    runner, lib = vulkan_c_runner_and_lib(build, tmp_path)
     inputs = random_inputs(manifest.inputs, seed=11)
     with pytest.raises(EdgepackError, match="libtvm_vulkan.so"):  # what is missing, by name
         run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
-    _add_vulkan_plugin(lib)
+    add_vulkan_plugin(lib)
     result = run_c_runner([], runner, lib / "model.so", inputs, manifest.inputs, manifest.outputs)
     expected = run_reference(build / manifest.model_file, manifest.model_format, inputs, manifest.outputs)
     for spec, actual, want in zip(manifest.outputs, result.outputs, expected):

@@ -164,9 +164,11 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
-              records: TuningRecords | None = None, limits: GpuLimits | None = None) -> Build:
+              records: TuningRecords | None = None, limits: GpuLimits | None = None, gpu_only: bool = False) -> Build:
         """Run the backend's Relax pipeline (with ``records`` applied) and generate code for ``target``,
-        its kernels within ``limits`` (the profile's GPU limits; None: the backend's defaults)."""
+        its kernels within ``limits`` (the profile's GPU limits; None: the backend's defaults). A GPU backend
+        runs what its device cannot on the device's CPU, in the same program, unless ``gpu_only``
+        (``backends/placement.py``); it then refuses such a model by name."""
 
     def tir_pipeline(self) -> str:
         """The name of the TIR pipeline its kernels are lowered with, registered with TVM (builds and

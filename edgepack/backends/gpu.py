@@ -9,6 +9,7 @@ how its source splits into kernels, its plug-in, its devices, and how it phrases
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import json
 import math
@@ -22,10 +23,12 @@ from typing import Any, ClassVar
 from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
 from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.folding import fold_constant_calls
-from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans
+from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans, scan_bindings
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
+from edgepack.backends.placement import cpu_bindings, cpu_functions, place_on_cpu
 from edgepack.backends.program_sizes import measuring
+from edgepack.backends.relax_exprs import is_cpu_target, names_of
 from edgepack.backends.schedule_limits import buffer_bytes, over_limits, workgroup_memory
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
@@ -37,6 +40,7 @@ from edgepack.toolchain.compilers import HOST_TRIPLE, Compilers
 from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target_plugin
 
 HOST_TARGET = {"kind": "llvm"}
+CPU_RULE = "cpu"  # what the schedule record says of a function placed on the device's CPU
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,19 @@ class GpuReport(ScheduleReport):
     kernels: list[Kernel] = field(default_factory=list)
     memory: str = "buffers"  # no image/texture memory
     details: dict[str, Any] = field(default_factory=dict)  # what else the backend records
+    #: the model's operators placed on the device's CPU (``placement.py``): {operator: why}
+    cpu_operators: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cpu_functions(self) -> list[str]:
+        """Fused functions that run on the device's CPU."""
+        return [f.name for f in self.functions if f.schedule == CPU_RULE]
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
         data.pop("unscheduled")
         return data | {"memory": self.memory, "num_kernels": len(self.kernels),
-                       "cpu_fallback": self.unscheduled} | self.details
+                       "cpu_fallback": self.cpu_functions, "cpu_operators": self.cpu_operators} | self.details
 
 
 def kernel_usage(kernels: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -109,6 +120,13 @@ _LIMIT_FIXES = {
     "buffer_size": "One tensor is larger than a buffer the GPU can bind; compile with smaller input shapes "
                    "(--input-shape), or for a CPU profile.",
 }
+
+
+def with_module(imported: ImportedModel, mod: Any) -> ImportedModel:
+    """``imported`` (an ImportedModel, or a stand-in with .mod and .info) with another Relax module."""
+    clone = copy.copy(imported)
+    object.__setattr__(clone, "mod", mod)  # ImportedModel is a frozen dataclass
+    return clone
 
 
 def unwrapped_refusal(exc: CompileError, model: str, marker: str, start: str) -> CompileError | None:
@@ -149,6 +167,8 @@ def _legalize_passes(target, max_buffers: int | None) -> list:
             passes.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
             if max_buffers is not None and p.info.name == "FuseOps":
                 passes.append(limit_kernel_buffers(max_buffers))
+            if p.info.name == "FuseTIR":  # the kernels of operators placed on the CPU (placement.py)
+                passes.append(cpu_functions())
     return passes
 
 
@@ -304,6 +324,9 @@ def _thread_extents(stmt, extents: dict[str, int | str]) -> None:
 
 
 def _unscheduled_label(func) -> str:
+    target = func.attrs.get("target") if func.attrs is not None else None
+    if target is not None and is_cpu_target(target):
+        return CPU_RULE  # placed on the device's CPU (placement.py): TVM's loops, compiled as host code
     return "own thread bindings" if _binds_threads(func) else "none"
 
 
@@ -444,10 +467,18 @@ class GpuBackend(Backend):
         wrapped it."""
         return unwrapped_refusal(exc, imported.info.path.name, SCAN_REFUSAL, " has a") or exc
 
-    def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
+    def prepare(self, imported: ImportedModel, target: Any, *, gpu_only: bool = False) -> ImportedModel:
         """The model as this backend's code generator can take it for ``target``, before the pipeline
-        (e.g. Vulkan: int64 tensors narrowed to int32); may refuse it with a CompileError."""
-        return imported
+        (e.g. Vulkan: int64 tensors narrowed to int32); may refuse it with a CompileError. The operators the
+        GPU cannot run (``cpu_operators``) are placed on the device's CPU (``placement.py``); with
+        ``gpu_only`` they stay, to be refused by name."""
+        where = {} if gpu_only else self.cpu_operators(imported.mod)
+        return with_module(imported, place_on_cpu(imported.mod, where, target)) if where else imported
+
+    def cpu_operators(self, mod) -> dict[str, str]:
+        """``{variable: why}`` of the bindings of ``mod``'s ``main`` this backend's GPU cannot run: the scans
+        where TVM's scan kernels are wrong in its language (``gpu_scans.py``)."""
+        return {} if self.topi_scans else scan_bindings(mod)
 
     # --- compiling
 
@@ -465,10 +496,11 @@ class GpuBackend(Backend):
         return GpuLimits(**merged)
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
-              records: TuningRecords | None = None, limits: GpuLimits | None = None) -> Build:
+              records: TuningRecords | None = None, limits: GpuLimits | None = None, gpu_only: bool = False) -> Build:
         """Compile through TVM's default GPU pipeline (dlight), refusing any function without a GPU schedule
-        and any kernel over the profile's ``limits`` (``check_limits``)."""
-        imported = self.prepare(imported, target)
+        and any kernel over the profile's ``limits`` (``check_limits``). What the GPU cannot run exactly runs on
+        the device's CPU (``prepare``), unless ``gpu_only``."""
+        imported = self.prepare(imported, target, gpu_only=gpu_only)
         try:
             return self._build(imported, target, system_lib=system_lib, records=records,
                                limits=self.limits(limits, target))
@@ -540,8 +572,11 @@ class GpuBackend(Backend):
         pipeline_name = "adreno" if "adreno" in [str(k) for k in target.keys] else "gpu_generic"
         if records is not None:
             pipeline_name += " (tuned)"
+        names = names_of(imported.mod["main"])
+        operators = {(f"{names[var]} ({var})" if var in names else var): why
+                     for var, why in cpu_bindings(imported.mod).items()}
         report = GpuReport(target=json.dumps(_plain(target.export()), sort_keys=True), pipeline=pipeline_name,
-                           rules=rules, functions=functions, kernels=kernels,
+                           rules=rules, functions=functions, kernels=kernels, cpu_operators=operators,
                            details=self.report_details() | ({"over_limits": passed_over} if passed_over else {}))
         return Build(executable, report, measured.get("constants"), measured.get("run_memory"))
 
@@ -600,15 +635,24 @@ class GpuBackend(Backend):
         extra = manifest.extra.get(self.name) or {}
         schedules = ", ".join(f"{n} {rule}" for rule, n in sorted(extra.get("schedules", {}).items()))
         fallback = extra.get("cpu_fallback") or []
-        return [
+        operators = extra.get("cpu_operators") or {}
+        lines = [
             f"GPU: {extra.get('num_kernels', 0)} {self.language} {self.kernel_noun} from "
             f"{extra.get('num_functions', 0)} fused functions ({extra.get('pipeline')} pipeline; "
             f"{extra.get('memory', 'buffers')}"
             + (f"; {extra['runtime']}" if extra.get("runtime") else "") + ")",
             f"schedules: {schedules or 'none'}",
-            "CPU fallback: none (every fused function runs on the GPU)" if not fallback
-            else f"CPU fallback: {len(fallback)} function(s) without a GPU schedule: {', '.join(fallback)}",
         ]
+        if not fallback and not operators:
+            return [*lines, "CPU fallback: none (every fused function runs on the GPU)"]
+        lines.append(f"CPU fallback: {len(operators)} operator(s) run on the device's CPU, in {len(fallback)} "
+                     "function(s) of the same program (--gpu-only refuses them instead):")
+        by_reason: dict[str, list[str]] = {}
+        for op, why in operators.items():
+            by_reason.setdefault(why, []).append(op)
+        for why, ops in by_reason.items():
+            lines.append(f"  {', '.join(ops[:6])}{f' and {len(ops) - 6} more' if len(ops) > 6 else ''}: {why}")
+        return lines
 
     def kernels(self, build_dir: Path, manifest: BuildManifest) -> list[Kernel]:
         index_path, source_path = build_dir / self.kernels_index, build_dir / self.kernels_source

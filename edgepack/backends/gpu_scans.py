@@ -10,17 +10,31 @@ than its 5-element cases, found both wrong where this machine's drivers run them
   [1, 4, 9, 4, 20]).
 
 So where topi's scan is right (``GpuBackend.topi_scans``: OpenCL) an inclusive sum is the exclusive one
-plus its input (``y[i] = (x[0] + ... + x[i - 1]) + x[i]``); where it is not (Vulkan) every scan is refused
-by name at compile time, rather than computed wrong.
+plus its input (``y[i] = (x[0] + ... + x[i - 1]) + x[i]``); where it is not (Vulkan) every scan runs on the
+device's CPU (``scan_bindings``, ``placement.py``), or with ``--gpu-only`` is refused by name at compile time,
+rather than computed wrong.
 """
 
 from __future__ import annotations
 
-from edgepack.backends.relax_exprs import call_rewrite_pass, op_name
+from edgepack.backends.relax_exprs import call_rewrite_pass, on_cpu, op_name
 from edgepack.errors import CompileError
 
 SCAN_REFUSAL = "which TVM's GPU scan kernels compute wrong in WGSL"  # in the refusal's message
 _NAMES = {"relax.cumsum": "cumulative sum (ONNX CumSum)", "relax.cumprod": "cumulative product (ONNX CumProd)"}
+
+
+def scan_bindings(mod) -> dict[str, str]:
+    """``{variable: why}`` of the scans of ``mod``'s ``main`` (outside If arms): where the GPU's are wrong, they
+    run on the device's CPU (``placement.py``)."""
+    from tvm import relax
+
+    found = {}
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding.value, relax.Call) and op_name(binding.value) in _NAMES:
+                found[binding.var.name] = f"a {_NAMES[op_name(binding.value)]}, {SCAN_REFUSAL}"
+    return found
 
 
 def gpu_scans(model: str, topi_scans: bool):
@@ -30,13 +44,14 @@ def gpu_scans(model: str, topi_scans: bool):
 
     def rewrite(call, builder):
         op = op_name(call)
-        if op not in _NAMES or call.attrs is None:
+        if op not in _NAMES or call.attrs is None or on_cpu(call):  # on the CPU (placement.py): TVM's loops
             return None
         if not topi_scans:
             raise CompileError(
                 f"{model} has a {_NAMES[op]}, {SCAN_REFUSAL} (on lavapipe, for any input): edgepack refuses "
                 "it for Vulkan rather than give wrong results.",
-                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4).")
+                "Compile it without --gpu-only (it then runs on the device's CPU), or for an OpenCL profile "
+                "(mali-g610) or a CPU profile (rpi4).")
         if op != "relax.cumsum" or bool(call.attrs.exclusive):
             return None
         exclusive = builder.emit(relax.op.cumsum(call.args[0], axis=call.attrs.axis, dtype=call.attrs.dtype,

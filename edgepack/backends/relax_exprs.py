@@ -136,6 +136,32 @@ def as_ints(values) -> list[int] | None:
     return [int(v.value) if hasattr(v, "value") else int(v) for v in values]
 
 
+def is_cpu_target(target) -> bool:
+    return "cpu" in [str(k) for k in target.keys]
+
+
+def vdevice_of(expr):
+    """The virtual device of a Relax value (a tuple: that of its first tensor), or None."""
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TupleType):
+        return next((t.vdevice for t in ty.fields if isinstance(t, relax.TensorType)), None)
+    return getattr(ty, "vdevice", None)
+
+
+def on_cpu(expr) -> bool:
+    """Whether a Relax value lives on a CPU virtual device (a tuple: each of its tensors)."""
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TupleType):
+        tensors = [t for t in ty.fields if isinstance(t, relax.TensorType)]
+        return bool(tensors) and all(t.vdevice is not None and is_cpu_target(t.vdevice.target) for t in tensors)
+    vdevice = vdevice_of(expr)
+    return vdevice is not None and is_cpu_target(vdevice.target)
+
+
 def names_of(func) -> dict[str, str]:
     attrs = func.attrs
     if attrs is None or NAMES_ATTR not in attrs:

@@ -14,7 +14,6 @@ that is provably exact, and refuses by ONNX node name what really needs 64 bits 
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import math
 import os
@@ -25,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends.base import register
-from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of, unwrapped_refusal
-from edgepack.backends.int64 import int64_kernels, narrow_int64, target_lacks_int64
+from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of, unwrapped_refusal, with_module
+from edgepack.backends.int64 import Int64Refused, int64_kernels, narrow_int64, simplify_int64, target_lacks_int64
+from edgepack.backends.placement import cone, place_on_cpu
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
 from edgepack.backends.wgsl_bools import hold_bools_in_32, unwidened_buffers
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32
@@ -142,13 +142,6 @@ def split_long_reductions(span: int = REDUCTION_SPAN):
     return call_rewrite_pass("EdgepackSplitLongReductions", rewrite)
 
 
-def _with_module(imported: ImportedModel, mod: Any) -> ImportedModel:
-    """``imported`` (an ImportedModel, or a stand-in with .mod and .info) with another Relax module."""
-    clone = copy.copy(imported)
-    object.__setattr__(clone, "mod", mod)  # ImportedModel is a frozen dataclass
-    return clone
-
-
 class VulkanBackend(GpuBackend):
     name = "vulkan"
     label = "Vulkan (WGSL on wgpu-native)"
@@ -214,15 +207,29 @@ class VulkanBackend(GpuBackend):
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
 
-    def prepare(self, imported: ImportedModel, target: Any) -> ImportedModel:
-        """WGSL has no int64: narrow what provably fits to int32, refuse the rest by name (``backends.int64``).
+    def prepare(self, imported: ImportedModel, target: Any, *, gpu_only: bool = False) -> ImportedModel:
+        """WGSL has no int64: narrow what provably fits to int32 (``backends.int64``); what does not runs on the
+        device's CPU in int64 (``placement.py``: each refused tensor with the int64 values it is computed from,
+        until the rest narrows), or with ``gpu_only`` is refused by name. So do the scans (``cpu_operators``).
         Nor 8-bit integers or bools in buffers: 8-bit and bool inputs and outputs are read and written as 32-bit
         words of the caller's buffer, so one that is not a whole number of words is refused by name
         (``wgsl_words.py``)."""
-        refuse_unaligned_8_bit_boundary(imported.mod, imported.info.path.name)
+        name = imported.info.path.name
+        refuse_unaligned_8_bit_boundary(imported.mod, name)
         if not target_lacks_int64(target):
-            return imported
-        return _with_module(imported, narrow_int64(imported.mod, model=imported.info.path.name))
+            return super().prepare(imported, target, gpu_only=gpu_only)
+        mod = simplify_int64(imported.mod)  # constants folded first: a folded value has no device to follow
+        where = {} if gpu_only else self.cpu_operators(mod)
+        while True:
+            placed = place_on_cpu(mod, where, target) if where else mod
+            try:
+                return with_module(imported, narrow_int64(placed, model=name, simplified=True))
+            except Int64Refused as refused:
+                more = None if gpu_only else cone(mod["main"], set(refused.names))
+                if not more or more <= where.keys():
+                    raise
+                for var in sorted(more - where.keys()):
+                    where[var] = refused.reasons.get(var, "it computes an int64 value an operator on the CPU reads")
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         text = f"{exc.__cause__ or ''} {exc.message}"

@@ -91,6 +91,10 @@ def compile_(
         help="What float tensors are stored and computed in: fp16 (GPU profiles) halves the weights and uses the "
              "GPU's half arithmetic; inputs and outputs stay float32 \\[default: the profile's, fp32 but for "
              "android-mali and adreno-6xx].")] = None,
+    gpu_only: Annotated[bool, typer.Option(
+        "--gpu-only",
+        help="GPU profiles: refuse a model with operators the GPU cannot run exactly (64-bit integers on Vulkan, "
+             "scans in WGSL) instead of running them on the device's CPU in the same program.")] = False,
     bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
     preprocess: Annotated[list[str] | None, typer.Option(
         "--preprocess", metavar="NAME=image:FORMAT,...|FILE.toml",
@@ -114,7 +118,7 @@ def compile_(
     with render.steps(quiet=as_json) as step:
         result = edgepack.compile(model, profile, output, input_shapes=edgepack.parse_input_shapes(input_shape),
                                   dims=dim or None, force=force, ndk=ndk, tuning=tuning, preprocess=preprocess, postprocess=postprocess,
-                                  precision=precision, progress=step)
+                                  precision=precision, gpu_only=gpu_only, progress=step)
     packaged = None
     if bundle == "c":
         with render.steps(quiet=as_json) as step:

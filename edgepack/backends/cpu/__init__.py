@@ -39,7 +39,7 @@ class CpuBackend(Backend):
     no_symbolic_shapes = None
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
-              records: TuningRecords | None = None, limits: GpuLimits | None = None) -> Build:
+              records: TuningRecords | None = None, limits: GpuLimits | None = None, gpu_only: bool = False) -> Build:
         import tvm
         from tvm import relax
 

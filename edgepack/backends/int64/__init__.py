@@ -67,20 +67,24 @@ from edgepack.backends.int64.rewrite import Rewriter
 from edgepack.backends.relax_exprs import NAMES_ATTR, names_of
 from edgepack.errors import CompileError
 
-__all__ = ["NAMES_ATTR", "SAT_BOUND", "Fact", "Int64Refused", "int64_kernels", "narrow_int64", "target_lacks_int64"]
+__all__ = ["NAMES_ATTR", "SAT_BOUND", "Fact", "Int64Refused", "int64_kernels", "narrow_int64", "simplify_int64",
+           "target_lacks_int64"]
 
 
 class Int64Refused(CompileError):
     """Tensors that need 64-bit integers on a GPU without them; ``problems`` lists them."""
 
-    def __init__(self, problems: list[str], model: str = "the model"):
+    def __init__(self, problems: list[str], model: str = "the model", reasons: dict[str, str] | None = None):
         self.problems = problems
+        self.reasons = reasons or {}  # {variable of ``main``: why}, of each refused one
+        self.names = list(self.reasons)
         shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
         super().__init__(
             f"{model} needs 64-bit integers on the GPU, which WGSL (TVM's webgpu target) does not have: {shown}.",
-            "Every other int64 tensor was narrowed to int32 where its values provably fit. Compile it for an "
-            "OpenCL profile (mali-g610) or a CPU profile (rpi4), or change the model so these values fit "
-            "in 32 bits (e.g. int32 outputs, smaller constants).",
+            "Every other int64 tensor was narrowed to int32 where its values provably fit. Without --gpu-only, "
+            "edgepack runs such operators on the device's CPU in int64 (those outside If branches); otherwise "
+            "compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), or change the model so these "
+            "values fit in 32 bits (e.g. int32 outputs, smaller constants).",
         )
 
 
@@ -89,9 +93,24 @@ def target_lacks_int64(target) -> bool:
     return str(target.kind.name) == "webgpu"
 
 
-def narrow_int64(mod, *, model: str = "the model"):
+def simplify_int64(mod):
+    """``mod`` with step 1 (fold) done on its Relax functions: what ``narrow_int64`` would prove."""
+    from tvm import relax
+
+    out = mod.clone()
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            simplified = Simplify(out).run(func)
+            out = simplified.module
+            out.update_func(gvar, simplified.func)
+    return out
+
+
+def narrow_int64(mod, *, model: str = "the model", simplified: bool = False):
     """``mod`` (a Relax IRModule, before legalisation) with every int64 tensor of its Relax functions
-    narrowed to int32 where that is exact; :class:`Int64Refused` names those that cannot be."""
+    narrowed to int32 where that is exact; :class:`Int64Refused` names those that cannot be. Bindings on
+    the CPU (``placement.py``) stay int64; their int64 results read on the GPU are read like int64 inputs.
+    ``simplified``: ``mod`` is ``simplify_int64``'s (step 1 is not done again)."""
     from tvm import relax
 
     out = mod.clone()  # the BlockBuilders below add to the module they are given
@@ -99,12 +118,16 @@ def narrow_int64(mod, *, model: str = "the model"):
         if not isinstance(func, relax.Function):
             continue
         names = names_of(func)
-        simplified = Simplify(out).run(func)
-        prover = Prover(simplified.func, names)
+        if simplified:
+            body, module = func, out
+        else:
+            step = Simplify(out).run(func)
+            body, module = step.func, step.module
+        prover = Prover(body, names)
         problems = prover.run()
         if problems:
-            raise Int64Refused(problems, model)
-        out, narrowed = Rewriter(simplified.module, simplified.func, prover.live).run()
+            raise Int64Refused(problems, model, prover.refused if gvar.name_hint == "main" else {})
+        out, narrowed = Rewriter(module, body, prover.live).run()
         out.update_func(gvar, narrowed)
     # TVM's ONNX importer builds functions with If nodes without dataflow blocks, and FuseOps only
     # fuses inside them: group the pure bindings again (an unfused comparison would also store a

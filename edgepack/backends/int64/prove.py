@@ -35,6 +35,7 @@ from edgepack.backends.relax_exprs import (
     is_i64,
     iter_bindings,
     live_vars,
+    on_cpu,
     op_name,
     static_shape,
 )
@@ -61,6 +62,7 @@ class Prover:
         self.facts: dict = {}  # var -> Fact | str (why it cannot be narrowed) | list (tuple fields)
         self.problems: list[str] = []
         self.reported: set = set()  # refused variables: their consumers are not reported again
+        self.refused: dict[str, str] = {}  # {their names: why}, in program order
         self.live: set = set()
 
     # --- naming ---
@@ -70,6 +72,7 @@ class Prover:
 
     def refuse(self, var, message: str) -> None:
         self.reported.add(var)
+        self.refused.setdefault(var.name, f"64-bit integers: {message}")
         text = f"{self.label(var)}: {message}"
         if text not in self.problems:
             self.problems.append(text)
@@ -83,7 +86,8 @@ class Prover:
             if is_i64(p):
                 self.facts[p] = SATURATED if static_shape(p) is not None else "an int64 input of dynamic shape"
         for binding in iter_bindings(func.body):
-            self.analyse(binding)
+            if not on_cpu(binding.var):  # computed in int64 on the device's CPU (placement.py)
+                self.analyse(binding)
         self.need_exact_output(func.body.body)
         return self.problems
 
@@ -133,6 +137,8 @@ class Prover:
         from tvm import relax
 
         why = "the model returns it as int64, and its values cannot be bounded to 32 bits"
+        if on_cpu(expr):
+            return
         if isinstance(expr, relax.Tuple):
             for f in expr.fields:
                 self.need_exact_output(f)
@@ -208,6 +214,8 @@ class Prover:
                                    and any(str(getattr(t, "dtype", "")) == "int64" for t in var.ty.fields))
         if not i64_args and not tuple_i64 and not out_i64:
             return None
+        if name == "relax.to_vdevice" and is_i64(var):  # computed on the CPU: like an int64 input
+            return SATURATED if static_shape(var) is not None else "an int64 tensor of dynamic shape from the CPU"
         facts = {i: self.fact(a) for i, a in i64_args}
         tuple_facts = [self.fact(f) for f in tuple_i64]
 

@@ -23,6 +23,7 @@ from edgepack.backends.relax_exprs import (
     free_vars,
     is_i64,
     iter_bindings,
+    on_cpu,
     op_name,
     static_shape,
 )
@@ -43,28 +44,34 @@ class Rewriter(Rebuild):
 
     def prologue(self) -> None:
         """int64 parameters read as (low, high) int32 words and saturated to +-SAT_BOUND."""
-        from tvm import relax
-
-        R = relax.op
         for p in self.func.params:
             if not is_i64(p) or p not in self.used_params():
                 continue
             shape = static_shape(p)
             if shape is None:
                 continue
-            words = self.bb.emit(R.memory.view(p, relax.ShapeExpr([*shape, 2]), "int32"), name_hint=f"{p.name}_words")
-            axis = len(shape)
-            lo = self.bb.emit(R.take(words, const(0, "int32"), axis=axis), name_hint=f"{p.name}_lo")
-            hi = self.bb.emit(R.take(words, const(1, "int32"), axis=axis), name_hint=f"{p.name}_hi")
-            fits = R.equal(hi, R.right_shift(lo, const(31, "int32")))
-            big = R.where(R.less(hi, const(0, "int32")), const(-SAT_BOUND, "int32"), const(SAT_BOUND, "int32"))
-            value = R.minimum(R.maximum(R.where(fits, lo, big), const(-SAT_BOUND, "int32")), const(SAT_BOUND, "int32"))
-            self.vmap[p] = self.bb.emit(value, name_hint=f"{p.name}_i32")
+            self.vmap[p] = self.saturated(p, shape)
+
+    def saturated(self, value, shape):
+        """The int64 tensor ``value`` (an input; a result of the CPU) as int32, saturated to +-SAT_BOUND: its
+        (low, high) int32 words read through a ``memory.view``."""
+        from tvm import relax
+
+        R = relax.op
+        name = value.name if isinstance(value, relax.Var) else "value"
+        words = self.bb.emit(R.memory.view(value, relax.ShapeExpr([*shape, 2]), "int32"), name_hint=f"{name}_words")
+        axis = len(shape)
+        lo = self.bb.emit(R.take(words, const(0, "int32"), axis=axis), name_hint=f"{name}_lo")
+        hi = self.bb.emit(R.take(words, const(1, "int32"), axis=axis), name_hint=f"{name}_hi")
+        fits = R.equal(hi, R.right_shift(lo, const(31, "int32")))
+        big = R.where(R.less(hi, const(0, "int32")), const(-SAT_BOUND, "int32"), const(SAT_BOUND, "int32"))
+        value = R.minimum(R.maximum(R.where(fits, lo, big), const(-SAT_BOUND, "int32")), const(SAT_BOUND, "int32"))
+        return self.bb.emit(value, name_hint=f"{name}_i32")
 
     def used_params(self) -> set:
         used: set = set()
         for b in iter_bindings(self.func.body):
-            if b.var in self.live:
+            if b.var in self.live and not on_cpu(b.var):
                 free_vars(b.value if not hasattr(b.value, "true_branch") else b.value.cond, used)
         free_vars(self.func.body.body, used)
         return used
@@ -92,6 +99,19 @@ class Rewriter(Rebuild):
 
         return widen(result, self.func.body.body.ty)
 
+    def unnarrowed(self, expr):
+        """``expr`` with its variables mapped, but the int64 inputs as they are (not their 32-bit forms)."""
+        from tvm import relax
+
+        if isinstance(expr, relax.Var) and expr in self.func.params:
+            return expr
+        if isinstance(expr, relax.Call):
+            return relax.Call(expr.op, [self.unnarrowed(a) for a in expr.args], expr.attrs,
+                              list(expr.ty_args) if expr.ty_args else None)
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([self.unnarrowed(f) for f in expr.fields])
+        return self.map(expr)
+
     def narrowed(self, expr):
         """The 32-bit form of an int64 operand (variables via vmap; constants converted)."""
         from tvm import relax
@@ -116,6 +136,15 @@ class Rewriter(Rebuild):
             return
         if isinstance(binding, relax.MatchCast):
             self.vmap[var] = self.bb.match_cast(self.map(value), binding.ty, name_hint=var.name)
+            return
+        if on_cpu(var):  # computed in int64 on the device's CPU (placement.py): its inputs unnarrowed
+            self.vmap[var] = self.emit(self.unnarrowed(value), like=var)
+            return
+        if isinstance(value, relax.Call) and op_name(value) == "relax.to_vdevice" and is_i64(var):
+            # an int64 result of the CPU, copied to the GPU: read like an int64 input
+            copy = self.emit(self.map(value), like=var)
+            shape = static_shape(var)
+            self.vmap[var] = self.saturated(copy, shape) if shape is not None else copy
             return
         if isinstance(value, relax.If):
             cond = self.narrowed(value.cond)

@@ -1,0 +1,228 @@
+"""Operators of a GPU build that run on the device's CPU, inside the same program (Relax virtual devices).
+
+A GPU target cannot run everything a model holds exactly: WGSL has no 64-bit integers (a value the int64
+pass cannot narrow, ``backends/int64``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``). ONNX
+Runtime's execution providers and LiteRT's GPU delegate run such operators on the CPU; so does edgepack:
+
+- ``place_on_cpu(mod, where, target)`` gives the module two virtual devices, the GPU (index 0, where the
+  VM puts the inputs, the constants and everything not named) and the device's CPU (index 1:
+  ``target.host``, the CPU the VM already runs on), and moves the bindings named in ``where``
+  (``{variable: why}``) to the CPU. Each value crossing between them is copied once
+  (``R.to_vdevice``: ``vm.builtin.to_device``); a model output stays where it is computed.
+- ``cpu_functions()`` is a pass after ``FuseTIR`` (which drops the ``target`` that ``LegalizeOps`` gave
+  each kernel of a CPU binding): every kernel whose result lives on the CPU gets the CPU target again, so
+  TVM compiles it as host code and dlight's GPU rules leave it alone.
+- ``cone(func, names)``: the bindings a value needs to be computed exactly on the CPU, its 64-bit integer
+  operands' producers back to the inputs (``vulkan.py`` places those of each int64 tensor it cannot narrow).
+
+The C API, the AAR and the RPC server already start the VM on (GPU, CPU), in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from edgepack.backends.int64.rebuild import Rebuild
+from edgepack.backends.relax_exprs import dtype_of, on_cpu, vdevice_of
+
+#: the vdevice attribute a function keeps ({variable: why}) for the build's report
+PLACED_ATTR = "edgepack.cpu_bindings"
+_WIDE = ("int64", "uint64", "float64")
+
+
+def placed(func) -> dict[str, str]:
+    """``{variable: why}`` of the bindings ``place_on_cpu`` moved to the CPU in ``func``."""
+    if func.attrs is None or PLACED_ATTR not in func.attrs:
+        return {}
+    return {str(k): str(v) for k, v in func.attrs[PLACED_ATTR].items()}
+
+
+def top_level(func) -> dict[str, Any]:
+    """The bindings of ``func`` outside If arms, by variable name (names repeated: the first)."""
+    found: dict[str, Any] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            found.setdefault(binding.var.name, binding)
+    return found
+
+
+def cone(func, names: set[str]) -> set[str] | None:
+    """The bindings that compute ``names`` with every 64-bit operand exact: each named binding and,
+    through the operands that are 64-bit tensors (or tuples of them), their producers, back to the
+    inputs and constants. None where one of them is inside an If arm (a CPU binding must be top-level)
+    or is an operator of no tensor (as a Range of run-time bounds; those of constant bounds are folded first)."""
+    from tvm import relax
+
+    bindings = top_level(func)
+    todo, found = list(names), set()
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        binding = bindings.get(name)
+        if binding is None:
+            if name in {p.name for p in func.params}:
+                continue
+            return None
+        found.add(name)
+        value = binding.value
+        if isinstance(value, relax.If):
+            return None
+        if isinstance(value, relax.Call) and not any(_has_tensor(a) for a in value.args):
+            return None  # an operator of no tensor (arange, full of a run-time shape) has no device to follow
+        operands = list(value.args) if isinstance(value, relax.Call) else [value]
+        for a in operands:
+            fields = a.fields if isinstance(a, relax.Tuple) else [a]
+            for f in fields:
+                f = f.tuple_value if isinstance(f, relax.TupleGetItem) else f
+                if isinstance(f, relax.Var) and _is_wide(f):
+                    todo.append(f.name)
+    return found
+
+
+def _is_wide(expr) -> bool:
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TupleType):
+        return any(_is_wide_info(t) for t in ty.fields)
+    return dtype_of(expr) in _WIDE
+
+
+def _is_wide_info(info) -> bool:
+    return str(getattr(info, "dtype", "")) in _WIDE
+
+
+class _Placer(Rebuild):
+    """Re-emit a function with the bindings named in ``where`` on ``cpu`` and every operand copied to the
+    device of the binding that reads it."""
+
+    def __init__(self, mod, where: Mapping[str, str], gpu, cpu):
+        super().__init__(mod)
+        self.where, self.gpu, self.cpu = where, gpu, cpu
+        self.copies: dict = {}  # (new var, "cpu"|"gpu") -> its copy there
+        #: where each new variable is computed (an operator of no tensor, as arange, gets its device from
+        #: its consumers: ``RealizeVDevice``); the inputs are on the GPU
+        self.sides: dict = {}
+
+    def device(self, expr) -> str:
+        return self.sides.get(expr, "cpu" if on_cpu(expr) else "gpu")
+
+    def on(self, expr, side: str):
+        """``expr`` (an operand, mapped) on ``side``: a copy where it lives elsewhere."""
+        import tvm
+        from tvm import relax
+
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([self.on(f, side) for f in expr.fields])
+        new = self.map(expr)
+        is_tensor = isinstance(getattr(new, "ty", None), relax.TensorType)
+        if not is_tensor or not isinstance(new, (relax.Var, tvm.ir.GenericConst)):
+            return new
+        if isinstance(new, tvm.ir.GenericConst) and side == "gpu":
+            return new  # constants live on the VM's first device
+        if isinstance(new, relax.Var) and self.device(new) == side:
+            return new
+        key = (new, side)
+        if key not in self.copies:
+            target = self.cpu if side == "cpu" else self.gpu
+            name = f"{new.name}_{side}" if isinstance(new, relax.Var) else f"const_{side}"
+            self.copies[key] = self.bb.emit(relax.op.to_vdevice(new, target), name_hint=name)
+            self.sides[self.copies[key]] = side
+        return self.copies[key]
+
+    def binding(self, binding) -> None:
+        from tvm import relax
+
+        var, value = binding.var, binding.value
+        side = "cpu" if var.name in self.where else "gpu"
+        if isinstance(binding, relax.MatchCast):
+            self.vmap[var] = self.bb.match_cast(self.on(value, side), binding.ty, name_hint=var.name)
+            return
+        if isinstance(value, relax.If):
+            new = relax.If(self.on(value.cond, "gpu"), self.arm(value.true_branch), self.arm(value.false_branch))
+        elif isinstance(value, relax.Call):
+            new = relax.Call(value.op, [self.on(a, side) for a in value.args], value.attrs,
+                             list(value.ty_args) if value.ty_args else None)
+        elif isinstance(value, relax.Tuple):
+            new = relax.Tuple([self.on(f, side) for f in value.fields])
+        else:
+            new = self.map(value)
+        self.vmap[var] = self.emit(new, like=var)
+        self.sides[self.vmap[var]] = side
+
+
+def _has_tensor(expr) -> bool:
+    from tvm import relax
+
+    if isinstance(expr, relax.Tuple):
+        return any(_has_tensor(f) for f in expr.fields)
+    return isinstance(getattr(expr, "ty", None), relax.TensorType)
+
+
+def place_on_cpu(mod, where: Mapping[str, str], target):
+    """``mod`` (a Relax IRModule before legalisation) with the bindings of its ``main`` named in ``where``
+    (``{variable: why}``, top-level bindings) running on ``target.host``, the rest on ``target``."""
+    from tvm import relax
+
+    gpu = relax.VDevice(_without_host(target), 0, "global")
+    cpu = relax.VDevice(target.host, 0, "global")
+    out = mod.clone()
+    out.update_global_info("vdevice", [gpu, cpu])
+    for gvar, func in list(out.functions_items()):
+        if not isinstance(func, relax.Function) or gvar.name_hint != "main":
+            continue
+        out, new = _Placer(out, where, gpu, cpu).run_function(func)
+        new = new.with_attr(PLACED_ATTR, {k: v for k, v in where.items()})
+        out.update_func(gvar, new)
+    return relax.transform.RealizeVDevice()(out)
+
+
+def _without_host(target):
+    import tvm
+
+    data = dict(target.export())
+    data.pop("host", None)
+    return tvm.target.Target(data)
+
+
+def cpu_functions():
+    """A pass (after ``FuseTIR``): every kernel a Relax function calls with its result on a CPU virtual
+    device gets that device's target, which ``FuseTIR`` dropped."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax, tirx
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_cpu_functions")
+    def _pass(mod, _ctx):
+        targets: dict = {}
+
+        def visit(call):
+            if call.op.same_as(tvm.ir.Op.get("relax.call_tir")) and on_cpu(call):
+                targets[call.args[0]] = vdevice_of(call).target
+
+        for _gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                tvm_ffi.structural_walk(func.body, [(relax.Call, visit)], order="pre")
+        for gvar, target in targets.items():
+            func = mod[gvar]
+            if isinstance(func, tirx.PrimFunc):
+                mod[gvar] = func.with_attr("target", target)
+        return mod
+
+    return _pass
+
+
+def cpu_bindings(mod) -> dict[str, str]:
+    """``{variable: why}`` of every Relax function of ``mod`` placed on the CPU."""
+    from tvm import relax
+
+    found: dict[str, str] = {}
+    for _gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            found.update(placed(func))
+    return found
+
+
+__all__ = ["PLACED_ATTR", "cone", "cpu_bindings", "cpu_functions", "place_on_cpu", "placed"]

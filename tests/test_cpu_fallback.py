@@ -1,0 +1,227 @@
+"""What a GPU cannot run exactly runs on the device's CPU, in the same TVM program (``backends/placement.py``).
+
+On Vulkan (WGSL has no 64-bit integers) an int64 value the int64 pass cannot narrow is computed in int64 on the
+CPU, with the int64 values it comes from; TVM's scans, wrong in WGSL, run there too. The rest stays on the GPU,
+and the values that cross are copied (``R.to_vdevice``). Checked on lavapipe through the Python VM and through
+the C runner (the C API, no Python) against ONNX Runtime, with values past 32 bits; ``--gpu-only`` keeps the
+refusal by name; a build that reads the CPU's int64 words in the wrong order fails validation.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_clean_error, run_cli
+from gpu_common import apt_install, plugin_with_a_device, vulkan_c_runner_outputs
+from model_factory import onnx_cumulative
+
+from edgepack.backends import get_backend
+from edgepack.backends.int64 import rewrite
+from edgepack.compiling import compile_model
+from edgepack.errors import CompileError
+from edgepack.frontends import run_reference
+from edgepack.manifest import read_manifest
+from edgepack.profiles import get_profile
+from edgepack.validation import compare, validate
+
+PROFILE = "vulkan-generic"
+VULKAN = get_backend("vulkan")
+#: the ONNX nodes of ``_timestamps`` that need 64 bits
+CPU_NODES = {"div_ms", "mod_slot", "mod_phase", "cast_phase", "add_class"}
+
+
+@pytest.fixture(scope="module")
+def lavapipe():
+    return plugin_with_a_device("vulkan")
+
+
+@pytest.fixture(scope="module")
+def cross_compiler():
+    toolchain = get_profile(PROFILE).toolchain
+    if shutil.which(toolchain.cxx) is None:
+        why = apt_install([toolchain.apt_package], f"no {toolchain.cxx}")
+        if why:
+            pytest.skip(why)
+
+
+def _timestamps(path: Path) -> Path:
+    """A float network with real (seeded) weights and an int64 timestamp input ``t`` (microseconds, past 2^31):
+
+    - ``slot = t mod 8`` (int64, CPU) picks a row of an embedding, gathered on the GPU (the CPU's int64 read
+      there as int32 words); ``phase = float(t mod 5)`` (CPU) scales the features on the GPU;
+    - ``y = relu(x W + b) * E[slot] + phase`` (float, GPU);
+    - ``t_out = t / 1000 + argmax(y)`` (int64, past 32 bits: the CPU, which needs ``y`` copied back).
+    """
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("W", rng.standard_normal((16, 8)).astype(np.float32)), ("b", rng.standard_normal(8).astype(np.float32)),
+        ("E", rng.standard_normal((8, 8)).astype(np.float32)), ("thousand", np.array(1000, np.int64)),
+        ("eight", np.array(8, np.int64)), ("five", np.array(5, np.int64)), ("axis1", np.array([1], np.int64))]]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["xw"], name="matmul"),
+        helper.make_node("Add", ["xw", "b"], ["pre"], name="bias"),
+        helper.make_node("Relu", ["pre"], ["h"], name="relu"),
+        helper.make_node("Mod", ["t", "eight"], ["slot"], name="mod_slot"),
+        helper.make_node("Gather", ["E", "slot"], ["e"], axis=0, name="embed"),
+        helper.make_node("Mod", ["t", "five"], ["p64"], name="mod_phase"),
+        helper.make_node("Cast", ["p64"], ["p32"], to=T.FLOAT, name="cast_phase"),
+        helper.make_node("Unsqueeze", ["p32", "axis1"], ["phase"], name="unsqueeze_phase"),
+        helper.make_node("Mul", ["h", "e"], ["he"], name="scale"),
+        helper.make_node("Add", ["he", "phase"], ["y"], name="shift"),
+        helper.make_node("Div", ["t", "thousand"], ["ms"], name="div_ms"),
+        helper.make_node("ArgMax", ["y"], ["cls"], axis=1, keepdims=0, name="argmax"),
+        helper.make_node("Add", ["ms", "cls"], ["t_out"], name="add_class"),
+    ]
+    graph = helper.make_graph(nodes, "timestamps",
+                              [helper.make_tensor_value_info("x", T.FLOAT, [2, 16]),
+                               helper.make_tensor_value_info("t", T.INT64, [2])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2, 8]),
+                               helper.make_tensor_value_info("t_out", T.INT64, [2])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _inputs(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((2, 16)).astype(np.float32),
+            "t": rng.integers(3_000_000_000, 9_000_000_000_000, 2, dtype=np.int64)}  # past 2^31, positive
+
+
+@pytest.fixture(scope="module")
+def timestamps(tmp_path_factory, cross_compiler) -> Path:
+    root = tmp_path_factory.mktemp("fallback")
+    build = root / "timestamps-vk"
+    compile_model(_timestamps(root / "timestamps.onnx"), PROFILE, build)
+    return build
+
+
+def test_int64_operators_run_on_the_cpu_and_the_rest_on_the_gpu(lavapipe, timestamps):
+    """The CPU gets the int64 operators, named by ONNX node in the manifest, and (as the argmax's operand) the
+    argmax; the float network stays in WGSL with no 64-bit type; the build matches ONNX Runtime with
+    timestamps past 2^31 and on random inputs, and its outputs depend on both inputs."""
+    extra = read_manifest(timestamps).extra["vulkan"]
+    placed = {op.split(" ")[0] for op in extra["cpu_operators"]}
+    assert CPU_NODES | {"argmax"} <= placed, extra["cpu_operators"]
+    assert not placed & {"matmul", "relu", "embed", "scale", "shift"}, placed
+    assert extra["cpu_fallback"] and all("llvm" in f for f in extra["cpu_fallback"])
+    shaders = (timestamps / VULKAN.kernels_source).read_text()
+    assert "i64" not in shaders and "matmul" in shaders
+    reports = [validate(timestamps, "host-vulkan", inputs=_inputs(seed)) for seed in (1, 2)]
+    assert all(r.passed for r in reports), reports
+    assert validate(timestamps, "host-vulkan", seed=4).passed
+    first, second = (run_reference(timestamps / "model.onnx", "onnx", _inputs(s), read_manifest(timestamps).outputs)
+                     for s in (1, 2))
+    assert not np.allclose(first[0], second[0]) and not np.array_equal(first[1], second[1])
+
+
+def test_the_c_runner_runs_both_devices_of_the_program(lavapipe, timestamps, tmp_path):
+    """No Python: the C API starts the VM on (GPU, CPU), as the AAR and the RPC server do; the outputs (one
+    computed on the GPU, one on the CPU) match ONNX Runtime, the int64 one past 32 bits exactly."""
+    manifest = read_manifest(timestamps)
+    inputs = _inputs(3)
+    expected = run_reference(timestamps / "model.onnx", "onnx", inputs, manifest.outputs)
+    outputs = vulkan_c_runner_outputs(timestamps, tmp_path, inputs)
+    assert compare("y", outputs[0], expected[0], 1e-4, 1e-3).passed
+    assert outputs[1].dtype == np.int64 and np.array_equal(outputs[1], expected[1])
+    assert expected[1].max() > 2**31
+
+
+def test_the_device_library_holds_the_cpu_kernels_for_the_device(timestamps):
+    """The aarch64 device library carries the CPU's kernels as aarch64 code beside the WGSL."""
+    library = timestamps / "device" / "model.so"
+    head = library.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 0xB7
+    functions = read_manifest(timestamps).extra["vulkan"]["cpu_fallback"]
+    assert all(f.encode() in library.read_bytes() for f in functions), functions
+
+
+def test_words_read_in_the_wrong_order_fail_validation(lavapipe, monkeypatch, tmp_path):
+    """A wrong build: the GPU reads the CPU's int64 slot as (high, low) words instead of (low, high): the
+    gathered rows differ, and validation says so."""
+    original = rewrite.Rewriter.saturated
+
+    def swapped(self, value, shape):
+        from tvm import relax
+
+        words = relax.op.memory.view(value, relax.ShapeExpr([*shape, 2]), "int32")
+        flipped = self.bb.emit(relax.op.flip(words, axis=len(shape)))
+        view = self.bb.emit(relax.op.memory.view(flipped, relax.ShapeExpr(list(shape)), "int64"))
+        return original(self, view, shape)
+
+    monkeypatch.setattr(rewrite.Rewriter, "saturated", swapped)
+    build = tmp_path / "wrong"
+    compile_model(_timestamps(tmp_path / "timestamps.onnx"), PROFILE, build)
+    report = validate(build, "host-vulkan", inputs=_inputs(1))
+    assert not report.passed and not next(o for o in report.outputs if o.name == "y").passed
+
+
+def test_gpu_only_refuses_by_name_and_writes_nothing(tmp_path):
+    model = _timestamps(tmp_path / "timestamps.onnx")
+    with pytest.raises(CompileError, match="64-bit integers") as err:
+        compile_model(model, PROFILE, tmp_path / "b", gpu_only=True)
+    assert "div_ms" in err.value.message and "--gpu-only" in err.value.hint
+    assert not (tmp_path / "b").exists()
+    result = run_cli("compile", str(model), "-p", PROFILE, "-o", str(tmp_path / "c"), "--gpu-only")
+    assert_clean_error(result, "64-bit integers", "--gpu-only")
+
+
+def test_the_compile_summary_and_json_say_what_runs_on_the_cpu(cross_compiler, tmp_path):
+    model = _timestamps(tmp_path / "timestamps.onnx")
+    text = run_cli("compile", str(model), "-p", PROFILE, "-o", str(tmp_path / "a"), check=True).stdout
+    assert "CPU fallback:" in text and "div_ms" in text and "--gpu-only" in text, text
+    data = json.loads(run_cli("compile", str(model), "-p", PROFILE, "-o", str(tmp_path / "b"), "--json",
+                              check=True).stdout)
+    placed = {op.split(" ")[0] for op in data["extra"]["vulkan"]["cpu_operators"]}
+    assert CPU_NODES <= placed, data["extra"]["vulkan"]["cpu_operators"]
+
+
+@pytest.mark.parametrize(("op", "dtype"), [("CumSum", np.float32), ("CumProd", np.int32)])
+def test_scans_run_on_the_cpu_for_vulkan(lavapipe, cross_compiler, tmp_path, op, dtype):
+    """TVM's GPU scans compute wrong in WGSL (``gpu_scans.py``); on the CPU they match ONNX Runtime along 37
+    elements; ``--gpu-only`` refuses them by name, as before."""
+    model = onnx_cumulative(tmp_path / f"{op}.onnx", op, dtype, exclusive=False)
+    build = tmp_path / "b"
+    compile_model(model, PROFILE, build)
+    assert any("cumulative" in why for why in read_manifest(build).extra["vulkan"]["cpu_operators"].values())
+    rng = np.random.default_rng(1)
+    x = (rng.uniform(0.9, 1.1, (3, 37)) if dtype == np.float32 else rng.integers(-1, 2, (3, 37))).astype(dtype)
+    report = validate(build, "host-vulkan", inputs={"x": x})
+    assert report.passed, report
+    with pytest.raises(CompileError, match="cumulative") as err:
+        compile_model(model, PROFILE, tmp_path / "refused", gpu_only=True)
+    assert f"{op}.onnx" in err.value.message and "mali-g610" in err.value.hint
+
+
+@pytest.mark.slow
+def test_silero_vad_opset_15_runs_on_vulkan_with_its_int64_on_the_cpu(lavapipe, cross_compiler, models, tmp_path):
+    """A 16 kHz frame (512 samples and 64 of context). Silero VAD's 16 kHz opset-15 export keeps its sample rate in ``stateN`` through ``sr * 0`` cast to float
+    ("/Mul", "/Cast"), which the int64 pass cannot narrow (an int64 input times a constant): refused for Vulkan
+    before, now those two run on the CPU and the LSTM on the GPU; on lavapipe it matches ONNX Runtime through
+    the Python VM and the C runner."""
+    model = models["silero_vad_16k_op15"]
+    build = tmp_path / "vad"
+    compile_model(model.path, PROFILE, build, input_shapes=model.input_shapes)
+    manifest = read_manifest(build)
+    placed = manifest.extra["vulkan"]["cpu_operators"]
+    assert {op.split(" ")[0] for op in placed} == {"/Mul", "/Cast"}, placed
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        inputs = {"input": (rng.standard_normal((1, 576)) * 0.1).astype(np.float32),
+                  "state": (rng.standard_normal((2, 1, 128)) * 0.5).astype(np.float32), "sr": np.array(16000, np.int64)}
+        report = validate(build, "host-vulkan", inputs=inputs)
+        assert report.passed and report.reference == "onnxruntime", report
+    expected = run_reference(build / manifest.model_file, "onnx", inputs, manifest.outputs)
+    outputs = vulkan_c_runner_outputs(build, tmp_path, inputs)
+    for spec, actual, want in zip(manifest.outputs, outputs, expected):
+        assert compare(spec.name, actual, want, 1e-4, 1e-3).passed, spec.name
