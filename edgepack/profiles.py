@@ -62,22 +62,27 @@ class GpuLimits:
     workgroup_memory: int | None = None
     invocations: int | None = None
     buffer_size: int | None = None
+    #: whether the GPU computes in 64-bit floats (OpenCL's cl_khr_fp64, which Mali and Adreno lack; WGSL has
+    #: none): where not, a build runs its float64 operators on the device's CPU (``backends/placement.py``)
+    fp64: bool | None = None
 
-    def to_dict(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in LIMIT_KEYS if getattr(self, k) is not None}
+    def to_dict(self) -> dict[str, int | bool]:
+        return {k: getattr(self, k) for k in (*LIMIT_KEYS, "fp64") if getattr(self, k) is not None}
 
 
 def parse_limits(data: dict[str, Any] | None, where: str = "") -> GpuLimits | None:
     """The ``[limits]`` table of a profile: positive integers, only the keys of ``LIMIT_KEYS``."""
     if data is None:
         return None
-    unknown = sorted(set(data) - set(LIMIT_KEYS))
+    unknown = sorted(set(data) - set(LIMIT_KEYS) - {"fp64"})
     bad = sorted(k for k, v in data.items() if k in LIMIT_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0))
+    bad += ["fp64"] if "fp64" in data and not isinstance(data["fp64"], bool) else []
     if unknown or bad:
         raise ProfileError(
             f"The [limits] table{where} has " + (f"unknown keys {', '.join(unknown)}" if unknown else
-                                                f"values that are not positive integers: {', '.join(bad)}") + ".",
-            "[limits] takes " + ", ".join(f"{k} ({what})" for k, (what, _) in LIMIT_KEYS.items()) + ".")
+                                                f"values of the wrong type: {', '.join(bad)}") + ".",
+            "[limits] takes " + ", ".join(f"{k} ({what})" for k, (what, _) in LIMIT_KEYS.items())
+            + " as positive integers, and fp64 (true or false: whether the GPU computes in 64-bit floats).")
     return GpuLimits(**data)
 
 

@@ -96,12 +96,14 @@ def unscheduled_module():
     from tvm import relax
     from tvm.script import tirx as T
 
-    @T.prim_func(private=True)
+    @T.prim_func(private=True, s_tir=True)
     def plain_loop(a: T.handle, b: T.handle):
         A = T.match_buffer(a, (64,), "float32")
         B = T.match_buffer(b, (64,), "float32")
         for i in range(64):
-            B[i] = A[i] + T.float32(1)
+            with T.sblock("add"):  # an opaque block: no rule binds its loop to threads
+                vi = T.axis.opaque(64, i)
+                B[vi] = A[vi] + T.float32(1)
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((64,), "float32"))

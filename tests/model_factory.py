@@ -1003,3 +1003,28 @@ def onnx_cumulative(path: Path, op: str, dtype, exclusive: bool) -> Path:
     model.ir_version = 10
     onnx.save(model, str(path))
     return path
+
+
+def onnx_doubles(path: Path) -> Path:
+    """``y = relu(float(double(x W) * s + c))``: a float product (GPU) and a double scale and shift with real
+    (seeded) weights, which a GPU without 64-bit floats cannot compute (CPU)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(8), "s"), numpy_helper.from_array(rng.standard_normal(8), "c")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"], name="matmul"),
+             helper.make_node("Cast", ["xw"], ["xd"], to=T.DOUBLE, name="to_double"),
+             helper.make_node("Mul", ["xd", "s"], ["scaled"], name="scale_double"),
+             helper.make_node("Add", ["scaled", "c"], ["shifted"], name="shift_double"),
+             helper.make_node("Cast", ["shifted"], ["back"], to=T.FLOAT, name="to_float"),
+             helper.make_node("Relu", ["back"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "doubles", [helper.make_tensor_value_info("x", T.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2, 8])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
 from gpu_common import apt_install, plugin_with_a_device, vulkan_c_runner_outputs
-from model_factory import onnx_cumulative
+from model_factory import onnx_cumulative, onnx_doubles
 
 from edgepack.backends import get_backend
 from edgepack.backends.int64 import rewrite
@@ -184,6 +184,55 @@ def test_the_compile_summary_and_json_say_what_runs_on_the_cpu(cross_compiler, t
                               check=True).stdout)
     placed = {op.split(" ")[0] for op in data["extra"]["vulkan"]["cpu_operators"]}
     assert CPU_NODES <= placed, data["extra"]["vulkan"]["cpu_operators"]
+
+
+@pytest.mark.parametrize(("profile", "place", "source"), [("vulkan-generic", "host-vulkan", "f64"),
+                                                          ("mali-g610", "host-opencl", "double")])
+def test_float64_operators_run_on_the_cpu_where_the_gpu_has_no_64_bit_floats(cross_compiler, tmp_path, profile,
+                                                                             place, source):
+    """WGSL has no f64, and Mali's OpenCL no cl_khr_fp64 (``[limits] fp64 = false``): the double operators run on
+    the CPU, the kernels hold no 64-bit float, and the build matches ONNX Runtime on the GPU of this machine
+    (lavapipe, PoCL). With --gpu-only they are refused by ONNX node."""
+    plugin_with_a_device(get_backend(get_profile(profile).backend).name)
+    model = onnx_doubles(tmp_path / "doubles.onnx")
+    build = tmp_path / "b"
+    compile_model(model, profile, build)
+    extra = read_manifest(build).extra[get_profile(profile).backend]
+    placed = {op.split(" ")[0] for op in extra["cpu_operators"]}
+    assert placed == {"to_double", "scale_double", "shift_double", "to_float"}, extra["cpu_operators"]
+    backend = get_backend(get_profile(profile).backend)
+    kernels = (build / backend.kernels_source).read_text()
+    assert source not in kernels and "matmul" in kernels
+    for seed in (1, 2):
+        report = validate(build, place, seed=seed)
+        assert report.passed and not report.degenerate, report
+    with pytest.raises(CompileError, match="64-bit floats") as err:
+        compile_model(model, profile, tmp_path / "refused", gpu_only=True)
+    assert "scale_double" in err.value.message and "--gpu-only" in err.value.hint
+
+
+@pytest.mark.parametrize("backend", ["vulkan", "opencl"])
+def test_a_kernel_no_gpu_rule_schedules_runs_on_the_cpu(tmp_path, backend):
+    """A kernel (an opaque block) no dlight rule binds to threads: TVM would compile it as host code handed the
+    GPU's buffers; edgepack runs it on the CPU, its operand copied there and its result back, and the program
+    computes x + 1 on this machine's GPU (lavapipe, PoCL)."""
+    import tvm
+    from gpu_common import unscheduled_module
+    from tvm import relax
+
+    gpu = get_backend(backend)
+    plugin_with_a_device(backend)
+    profile = get_profile({"vulkan": PROFILE, "opencl": "mali-g610"}[backend])
+    built = gpu.build(unscheduled_module(), tvm.target.Target(profile.target, host={"kind": "llvm"}))
+    assert built.report.to_dict()["cpu_fallback"] == ["plain_loop"]
+    assert not built.report.kernels  # no GPU kernel: the loop is host code
+    built.executable.export_library(str(tmp_path / "plain.so"))
+    dev = gpu.tvm_device()
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "plain.so")), dev)
+    x = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    y = vm["main"](tvm.runtime.tensor(x, device=dev))
+    assert y.device.dlpack_device_type() == dev.dlpack_device_type()  # handed back on the GPU
+    np.testing.assert_array_equal(y.numpy(), x + 1)
 
 
 @pytest.mark.parametrize(("op", "dtype"), [("CumSum", np.float32), ("CumProd", np.int32)])

@@ -99,3 +99,30 @@ def test_gpu_build_runs_on_the_devices_opencl_device(gpu_device, models, tmp_pat
     assert compiled["extra"]["opencl"]["schedules"].get("tuned", 0) >= 1
     report = _cli(env, "validate", str(tuned_build), "--on", "gpu")
     assert report["passed"] and report["ran_on"] == "gpu: opencl(0)", report
+
+
+def test_operators_the_gpu_cannot_run_run_on_the_devices_cpu_through_rpc(gpu_device, tmp_path):
+    """The RPC server carries both devices of one program: for a GPU without 64-bit floats (the shipped profile
+    with ``[limits] fp64 = false``, as a profile file), a model's double operators run on the device's CPU and
+    the rest on its OpenCL device; the build validates there against ONNX Runtime."""
+    from model_factory import onnx_doubles
+
+    env, info = gpu_device["env"], gpu_device["info"]
+    text = (ROOT / "device_profiles" / f"{PROFILE}.toml").read_text()
+    assert "buffer_size = 134217728\n" in text
+    profile = tmp_path / "no-fp64.toml"
+    profile.write_text(text.replace(f'name = "{PROFILE}"', 'name = "x86-64-opencl-no-fp64"')
+                       .replace("buffer_size = 134217728\n", "buffer_size = 134217728\nfp64 = false\n"))
+    _cli(env, "device", "add", "gpu-no-fp64", "--host", info["address"], "--user", info["user"], "--key",
+         info["key_path"], "--profile", PROFILE)
+    _cli(env, "device", "trust", "gpu-no-fp64", "--yes")
+    build = tmp_path / "build"
+    compiled = _cli(env, "compile", str(onnx_doubles(tmp_path / "doubles.onnx")), "--profile", str(profile), "-o",
+                    str(build))
+    placed = {op.split(" ")[0] for op in compiled["extra"]["opencl"]["cpu_operators"]}
+    assert placed == {"to_double", "scale_double", "shift_double", "to_float"}, compiled["extra"]["opencl"]
+    assert "double" not in (build / "device" / "kernels.cl").read_text()
+    for seed in ("1", "2"):
+        report = _cli(env, "validate", str(build), "--on", "gpu-no-fp64", "--seed", seed)
+        assert report["passed"] and not report["degenerate"], report
+        assert report["ran_on"] == "gpu-no-fp64: opencl(0)", report

@@ -214,11 +214,12 @@ def test_compiled_module_runs_and_reports_its_kernels(pocl, tmp_path):
     np.testing.assert_allclose(out, np.ones(4, np.float32), rtol=1e-5)
 
 
-def test_functions_without_a_gpu_schedule_are_refused_by_name():
-    """TVM would compile them as CPU code handed GPU buffers; edgepack refuses and names them."""
+def test_functions_without_a_gpu_schedule_are_refused_by_name_with_gpu_only():
+    """TVM would compile them as CPU code handed GPU buffers; with --gpu-only edgepack refuses and names them
+    (without, they run on the device's CPU: tests/test_cpu_fallback.py)."""
     with pytest.raises(CompileError, match="No GPU schedule for 1 fused function.*plain_loop") as err:
-        OPENCL.build(unscheduled_module(), _mali_target())
-    assert "CPU" in err.value.message and "rpi4" in err.value.hint
+        OPENCL.build(unscheduled_module(), _mali_target(), gpu_only=True)
+    assert "--gpu-only" in err.value.message and "rpi4" in err.value.hint
 
 
 def test_topi_gpu_implementations_and_scalar_kernel_arguments(pocl, tmp_path):

@@ -26,7 +26,13 @@ from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans, scan_bindings
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
-from edgepack.backends.placement import cpu_bindings, cpu_functions, place_on_cpu
+from edgepack.backends.placement import (
+    cpu_bindings,
+    cpu_functions,
+    double_bindings,
+    place_on_cpu,
+    unscheduled_to_cpu,
+)
 from edgepack.backends.program_sizes import measuring
 from edgepack.backends.relax_exprs import is_cpu_target, names_of
 from edgepack.backends.schedule_limits import buffer_bytes, over_limits, workgroup_memory
@@ -41,6 +47,7 @@ from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target
 
 HOST_TARGET = {"kind": "llvm"}
 CPU_RULE = "cpu"  # what the schedule record says of a function placed on the device's CPU
+NO_RULE_CPU = "cpu (no GPU schedule)"  # ... and of one there because no GPU rule scheduled it
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class GpuReport(ScheduleReport):
     @property
     def cpu_functions(self) -> list[str]:
         """Fused functions that run on the device's CPU."""
-        return [f.name for f in self.functions if f.schedule == CPU_RULE]
+        return [f.name for f in self.functions if f.schedule in (CPU_RULE, NO_RULE_CPU)]
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
@@ -185,14 +192,15 @@ def gpu_tuning_passes(target, max_buffers: int | None = None) -> list:
 
 def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None,
                   backend_passes: Sequence[Any] = (), measured: dict | None = None,
-                  passed_over: dict[str, str] | None = None):
+                  passed_over: dict[str, str] | None = None, gpu_only: bool = True):
     """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
     with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
 
     With ``records``, MetaSchedule's ``ApplyDatabase`` runs right before the first dlight pass: the
     kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest. A rule's
     schedule over the target's workgroup limits is left for the next rule (``schedule_limits.py``; each in
-    ``passed_over``)."""
+    ``passed_over``). Unless ``gpu_only``, a kernel no rule schedules runs on the device's CPU
+    (``placement.unscheduled_to_cpu``)."""
     import tvm
     from tvm import relax
     from tvm.relax import pipeline as rp
@@ -212,6 +220,8 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
                 rules.extend(p._inst.rules)
                 legalize.append(recording_schedule_pass(list(p._inst.rules), record, _unscheduled_label,
                                                         over_limits=over_limits, passed_over=passed_over))
+                if not gpu_only:
+                    legalize.append(unscheduled_to_cpu(record, target, NO_RULE_CPU))
             else:
                 legalize.append(p)
 
@@ -351,21 +361,20 @@ def _binds_threads(func) -> bool:
 
 
 def _refuse_unscheduled(name: str, record: dict[str, str], rules: Sequence[str], cause) -> None:
-    """Fail, naming them, when fused functions got no GPU schedule.
+    """Fail, naming them, when fused functions got no GPU schedule (with ``--gpu-only``; else they run on the
+    device's CPU, ``placement.unscheduled_to_cpu``).
 
     TVM 0.27 does not reject such a function: it compiles it as host (CPU) code that is handed the
-    device's buffers as if they were host memory, which corrupts memory at run time. edgepack has no
-    CPU fallback that moves the data, so it refuses the build instead."""
+    device's buffers as if they were host memory, which corrupts memory at run time."""
     unscheduled = sorted(n for n, rule in record.items() if rule == "none")
     if not unscheduled:
         return
     raise CompileError(
         f"No GPU schedule for {len(unscheduled)} fused function(s) of {name}: "
         f"{', '.join(unscheduled[:8])}{' ...' if len(unscheduled) > 8 else ''}. None of the dlight rules "
-        f"({', '.join(rules)}) applies; TVM would run them on the CPU with the GPU's buffers, so edgepack "
-        "refuses the build rather than fall back to the CPU silently.",
-        "Compile for a CPU profile (e.g. rpi4), or report the model: the operators in these functions "
-        "need a GPU schedule in TVM.",
+        f"({', '.join(rules)}) applies, and --gpu-only keeps them off the device's CPU.",
+        "Compile without --gpu-only (they then run on the device's CPU, their operands copied there), or for a "
+        "CPU profile (e.g. rpi4), or report the model: the operators in these functions need a GPU schedule.",
     ) from cause
 
 
@@ -467,18 +476,43 @@ class GpuBackend(Backend):
         wrapped it."""
         return unwrapped_refusal(exc, imported.info.path.name, SCAN_REFUSAL, " has a") or exc
 
-    def prepare(self, imported: ImportedModel, target: Any, *, gpu_only: bool = False) -> ImportedModel:
+    def prepare(self, imported: ImportedModel, target: Any, limits: GpuLimits, *,
+                gpu_only: bool = False) -> ImportedModel:
         """The model as this backend's code generator can take it for ``target``, before the pipeline
         (e.g. Vulkan: int64 tensors narrowed to int32); may refuse it with a CompileError. The operators the
         GPU cannot run (``cpu_operators``) are placed on the device's CPU (``placement.py``); with
-        ``gpu_only`` they stay, to be refused by name."""
-        where = {} if gpu_only else self.cpu_operators(imported.mod)
+        ``gpu_only`` they are refused by name."""
+        where = self.cpu_operators(imported.mod, limits)
+        if gpu_only:
+            self.refuse_cpu_operators(imported.info.path.name, imported.mod, where)
+            return imported
         return with_module(imported, place_on_cpu(imported.mod, where, target)) if where else imported
 
-    def cpu_operators(self, mod) -> dict[str, str]:
+    def cpu_operators(self, mod, limits: GpuLimits) -> dict[str, str]:
         """``{variable: why}`` of the bindings of ``mod``'s ``main`` this backend's GPU cannot run: the scans
-        where TVM's scan kernels are wrong in its language (``gpu_scans.py``)."""
-        return {} if self.topi_scans else scan_bindings(mod)
+        where TVM's scan kernels are wrong in its language (``gpu_scans.py``); float64 operators where the GPU
+        has no 64-bit floats (``limits.fp64``)."""
+        found = {} if self.topi_scans else scan_bindings(mod)
+        if not limits.fp64:
+            found |= double_bindings(mod, f"64-bit floats, which {self.no_doubles}")
+        return found
+
+    #: why a GPU without 64-bit floats has none, for messages
+    no_doubles: ClassVar[str] = "this GPU does not have"
+
+    def refuse_cpu_operators(self, name: str, mod, where: dict[str, str]) -> None:
+        """With ``--gpu-only``: a CompileError naming the operators ``cpu_operators`` found (the scans are
+        refused by their own pass, ``gpu_scans.py``)."""
+        doubles = {var: why for var, why in where.items() if why.startswith("64-bit floats")}
+        if not doubles:
+            return
+        names = names_of(mod["main"])
+        shown = [f"{names[v]} ({v})" if v in names else v for v in list(doubles)[:6]]
+        raise CompileError(
+            f"{name} computes in 64-bit floats, which {self.no_doubles}: {', '.join(shown)}"
+            + (f" and {len(doubles) - 6} more" if len(doubles) > 6 else "") + ".",
+            "Compile it without --gpu-only (these operators then run on the device's CPU), or for a CPU profile "
+            "(rpi4), or export the model in float32.")
 
     # --- compiling
 
@@ -493,22 +527,24 @@ class GpuBackend(Backend):
                 merged[key] = int(target.attrs[attr])
             if merged[key] is None:
                 merged[key] = getattr(self.default_limits, key)
-        return GpuLimits(**merged)
+        fp64 = stated.fp64 if stated.fp64 is not None else self.default_limits.fp64
+        return GpuLimits(**merged, fp64=fp64 is not False)
 
     def build(self, imported: ImportedModel, target: Any, *, system_lib: bool = False,
               records: TuningRecords | None = None, limits: GpuLimits | None = None, gpu_only: bool = False) -> Build:
         """Compile through TVM's default GPU pipeline (dlight), refusing any function without a GPU schedule
         and any kernel over the profile's ``limits`` (``check_limits``). What the GPU cannot run exactly runs on
         the device's CPU (``prepare``), unless ``gpu_only``."""
-        imported = self.prepare(imported, target, gpu_only=gpu_only)
+        limits = self.limits(limits, target)
+        imported = self.prepare(imported, target, limits, gpu_only=gpu_only)
         try:
-            return self._build(imported, target, system_lib=system_lib, records=records,
-                               limits=self.limits(limits, target))
+            return self._build(imported, target, system_lib=system_lib, records=records, limits=limits,
+                               gpu_only=gpu_only)
         except CompileError as exc:
             raise self.translate_compile_error(exc, imported, target) from exc.__cause__
 
     def _build(self, imported: ImportedModel, target: Any, *, system_lib: bool,
-               records: TuningRecords | None, limits: GpuLimits) -> Build:
+               records: TuningRecords | None, limits: GpuLimits, gpu_only: bool) -> Build:
         import tvm
         from tvm import relax
 
@@ -516,7 +552,7 @@ class GpuBackend(Backend):
         measured: dict = {}
         passed_over: dict[str, str] = {}
         pipeline, rules = _gpu_pipeline(target, record, records, limits.storage_buffers,
-                                        self.relax_passes(imported.info.path.name), measured, passed_over)
+                                        self.relax_passes(imported.info.path.name), measured, passed_over, gpu_only)
         found: dict[str, dict[str, Any]] = {}
         buffer_sizes: dict[str, int] = {}
 
@@ -645,11 +681,14 @@ class GpuBackend(Backend):
         ]
         if not fallback and not operators:
             return [*lines, "CPU fallback: none (every fused function runs on the GPU)"]
-        lines.append(f"CPU fallback: {len(operators)} operator(s) run on the device's CPU, in {len(fallback)} "
-                     "function(s) of the same program (--gpu-only refuses them instead):")
+        lines.append(f"CPU fallback: {len(fallback)} function(s) of the same program run on the device's CPU "
+                     "(--gpu-only refuses them instead):")
         by_reason: dict[str, list[str]] = {}
         for op, why in operators.items():
             by_reason.setdefault(why, []).append(op)
+        unscheduled = [f["name"] for f in extra.get("functions", []) if f["schedule"] == NO_RULE_CPU]
+        if unscheduled:
+            by_reason["no GPU schedule rule takes them"] = unscheduled
         for why, ops in by_reason.items():
             lines.append(f"  {', '.join(ops[:6])}{f' and {len(ops) - 6} more' if len(ops) > 6 else ''}: {why}")
         return lines

@@ -1,8 +1,10 @@
 """Operators of a GPU build that run on the device's CPU, inside the same program (Relax virtual devices).
 
 A GPU target cannot run everything a model holds exactly: WGSL has no 64-bit integers (a value the int64
-pass cannot narrow, ``backends/int64``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``). ONNX
-Runtime's execution providers and LiteRT's GPU delegate run such operators on the CPU; so does edgepack:
+pass cannot narrow, ``backends/int64``) nor floats, Mali's and Adreno's OpenCL no 64-bit floats
+(``double_bindings``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``), and a kernel may get no GPU
+schedule at all. ONNX Runtime's execution providers and LiteRT's GPU delegate run such operators on the CPU;
+so does edgepack:
 
 - ``place_on_cpu(mod, where, target)`` gives the module two virtual devices, the GPU (index 0, where the
   VM puts the inputs, the constants and everything not named) and the device's CPU (index 1:
@@ -14,6 +16,8 @@ Runtime's execution providers and LiteRT's GPU delegate run such operators on th
   TVM compiles it as host code and dlight's GPU rules leave it alone.
 - ``cone(func, names)``: the bindings a value needs to be computed exactly on the CPU, its 64-bit integer
   operands' producers back to the inputs (``vulkan.py`` places those of each int64 tensor it cannot narrow).
+- ``unscheduled_to_cpu`` is a pass after the GPU schedules: a kernel no rule took runs on the CPU, its operands
+  copied there and its results back.
 
 The C API, the AAR and the RPC server already start the VM on (GPU, CPU), in that order.
 """
@@ -26,7 +30,7 @@ from typing import Any
 from edgepack.backends.int64.rebuild import Rebuild
 from edgepack.backends.relax_exprs import dtype_of, on_cpu, vdevice_of
 
-#: the vdevice attribute a function keeps ({variable: why}) for the build's report
+#: the attribute of a placed function: {variable: why} of its bindings on the CPU, for the build's report
 PLACED_ATTR = "edgepack.cpu_bindings"
 _WIDE = ("int64", "uint64", "float64")
 
@@ -81,6 +85,30 @@ def cone(func, names: set[str]) -> set[str] | None:
     return found
 
 
+def double_bindings(mod, why: str) -> dict[str, str]:
+    """``{variable: why}`` of the bindings of ``mod``'s ``main`` (outside If arms) that compute, read or make
+    a float64 tensor."""
+    from tvm import relax
+
+    found = {}
+    for name, binding in top_level(mod["main"]).items():
+        value = binding.value
+        operands = list(value.args) if isinstance(value, relax.Call) else []
+        fields = [f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+        if any(_is_double(e) for e in [binding.var, *fields]):
+            found[name] = why
+    return found
+
+
+def _is_double(expr) -> bool:
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TupleType):
+        return any(str(getattr(t, "dtype", "")) == "float64" for t in ty.fields)
+    return dtype_of(expr) == "float64"
+
+
 def _is_wide(expr) -> bool:
     from tvm import relax
 
@@ -102,8 +130,7 @@ class _Placer(Rebuild):
         super().__init__(mod)
         self.where, self.gpu, self.cpu = where, gpu, cpu
         self.copies: dict = {}  # (new var, "cpu"|"gpu") -> its copy there
-        #: where each new variable is computed (an operator of no tensor, as arange, gets its device from
-        #: its consumers: ``RealizeVDevice``); the inputs are on the GPU
+        #: where each new variable is computed ("cpu", "gpu"; the inputs are on the GPU)
         self.sides: dict = {}
 
     def device(self, expr) -> str:
@@ -166,10 +193,8 @@ def place_on_cpu(mod, where: Mapping[str, str], target):
     (``{variable: why}``, top-level bindings) running on ``target.host``, the rest on ``target``."""
     from tvm import relax
 
-    gpu = relax.VDevice(_without_host(target), 0, "global")
-    cpu = relax.VDevice(target.host, 0, "global")
     out = mod.clone()
-    out.update_global_info("vdevice", [gpu, cpu])
+    gpu, cpu = _vdevices(out, target)
     for gvar, func in list(out.functions_items()):
         if not isinstance(func, relax.Function) or gvar.name_hint != "main":
             continue
@@ -214,6 +239,65 @@ def cpu_functions():
     return _pass
 
 
+def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str):
+    """A pass right after the GPU schedules: each kernel no rule scheduled (``record``: "none") runs on
+    ``target.host`` instead, as TVM's plain loops, its operands copied to the CPU and its results back to the GPU;
+    ``record`` then says ``cpu_rule`` for it. (TVM would compile it as host code handed the GPU's buffers.)
+    Such kernels are rare: edgepack's tests make one from an opaque block."""
+    import tvm
+    from tvm import relax, tirx
+
+    @relax.expr_functor.mutator
+    class _Calls(relax.PyExprMutator):
+        def __init__(self, mod, moved, gpu, cpu):
+            super().__init__(mod)
+            self.moved, self.gpu, self.cpu = moved, gpu, cpu
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not call.op.same_as(tvm.ir.Op.get("relax.call_tir")) or call.args[0] not in self.moved:
+                return call
+            to_cpu = [self.builder_.emit(relax.op.to_vdevice(a, self.cpu))
+                      if isinstance(getattr(a, "ty", None), relax.TensorType) else a for a in call.args[1].fields]
+            outs = call.ty.fields if isinstance(call.ty, relax.TupleType) else [call.ty]
+            on_cpu_ty = [relax.TensorType(t.shape, t.dtype, self.cpu) for t in outs]
+            result = self.builder_.emit(relax.call_tir(call.args[0], relax.Tuple(to_cpu),
+                                                       on_cpu_ty if len(outs) > 1 else on_cpu_ty[0]))
+            if len(outs) == 1:
+                return relax.op.to_vdevice(result, self.gpu)
+            return relax.Tuple([self.builder_.emit(relax.op.to_vdevice(relax.TupleGetItem(result, i), self.gpu))
+                                for i in range(len(outs))])
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_unscheduled_to_cpu")
+    def _pass(mod, _ctx):
+        moved = [g for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and record.get(g.name_hint) == "none"]
+        if not moved:
+            return mod
+        gpu, cpu = _vdevices(mod, target)
+        for gvar in moved:
+            mod[gvar] = mod[gvar].with_attr("target", target.host)
+            record[gvar.name_hint] = cpu_rule
+        calls = _Calls(mod, moved, gpu, cpu)
+        for gvar, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                calls.builder_.update_func(gvar, calls.visit_expr(func))
+        return calls.builder_.get()
+
+    return _pass
+
+
+def _vdevices(mod, target):
+    """The (GPU, CPU) virtual devices of ``mod``, added (in that order: the VM's devices) where it has none."""
+    from tvm import relax
+
+    infos = mod.global_infos.get("vdevice") if mod.global_infos is not None else None
+    if infos is not None and len(infos) == 2:
+        return infos[0], infos[1]
+    gpu, cpu = relax.VDevice(_without_host(target), 0, "global"), relax.VDevice(target.host, 0, "global")
+    mod.update_global_info("vdevice", [gpu, cpu])
+    return gpu, cpu
+
+
 def cpu_bindings(mod) -> dict[str, str]:
     """``{variable: why}`` of every Relax function of ``mod`` placed on the CPU."""
     from tvm import relax
@@ -225,4 +309,5 @@ def cpu_bindings(mod) -> dict[str, str]:
     return found
 
 
-__all__ = ["PLACED_ATTR", "cone", "cpu_bindings", "cpu_functions", "place_on_cpu", "placed"]
+__all__ = ["PLACED_ATTR", "cone", "cpu_bindings", "cpu_functions", "double_bindings", "place_on_cpu", "placed",
+           "unscheduled_to_cpu"]

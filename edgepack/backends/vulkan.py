@@ -161,7 +161,8 @@ class VulkanBackend(GpuBackend):
     # Where a profile states no [limits] (threads and workgroup memory then follow the TVM target): WebGPU's
     # defaults, which wgpu-native guarantees on every adapter (maxStorageBuffersPerShaderStage 8: lavapipe
     # allows 32, the Vulkan minimum is 4; maxStorageBufferBindingSize 128 MiB)
-    default_limits = GpuLimits(storage_buffers=8, buffer_size=128 << 20)
+    default_limits = GpuLimits(storage_buffers=8, buffer_size=128 << 20, fp64=False)  # WGSL has no f64
+    no_doubles = "WGSL (TVM's webgpu target) does not have"
     topi_scans = False  # wrong in WGSL on lavapipe (``gpu_scans.py``)
     scaled_sums = "opaque"  # naga marks nothing exact: lavapipe reassociated a bias (separate_products.py)
 
@@ -207,7 +208,8 @@ class VulkanBackend(GpuBackend):
     def report_details(self) -> dict[str, Any]:
         return {"language": "wgsl", "runtime": f"wgpu-native {WGPU_NATIVE_VERSION} (Vulkan)"}
 
-    def prepare(self, imported: ImportedModel, target: Any, *, gpu_only: bool = False) -> ImportedModel:
+    def prepare(self, imported: ImportedModel, target: Any, limits: GpuLimits, *,
+                gpu_only: bool = False) -> ImportedModel:
         """WGSL has no int64: narrow what provably fits to int32 (``backends.int64``); what does not runs on the
         device's CPU in int64 (``placement.py``: each refused tensor with the int64 values it is computed from,
         until the rest narrows), or with ``gpu_only`` is refused by name. So do the scans (``cpu_operators``).
@@ -217,9 +219,12 @@ class VulkanBackend(GpuBackend):
         name = imported.info.path.name
         refuse_unaligned_8_bit_boundary(imported.mod, name)
         if not target_lacks_int64(target):
-            return super().prepare(imported, target, gpu_only=gpu_only)
+            return super().prepare(imported, target, limits, gpu_only=gpu_only)
         mod = simplify_int64(imported.mod)  # constants folded first: a folded value has no device to follow
-        where = {} if gpu_only else self.cpu_operators(mod)
+        where = self.cpu_operators(mod, limits)
+        if gpu_only:
+            self.refuse_cpu_operators(name, mod, where)
+            where = {}
         while True:
             placed = place_on_cpu(mod, where, target) if where else mod
             try:
