@@ -220,10 +220,11 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
                 rules.extend(p._inst.rules)
                 legalize.append(recording_schedule_pass(list(p._inst.rules), record, _unscheduled_label,
                                                         over_limits=over_limits, passed_over=passed_over))
-                if not gpu_only:
-                    legalize.append(unscheduled_to_cpu(record, target, NO_RULE_CPU))
+                last_schedule = len(legalize)
             else:
                 legalize.append(p)
+        if not gpu_only and rules:  # after the last schedule pass (adreno has two: its own rules, then dlight's)
+            legalize.insert(last_schedule, unscheduled_to_cpu(record, target, NO_RULE_CPU))
 
     @tvm.transform.module_pass(opt_level=0, name="edgepack_gpu_pipeline")
     def _pipeline(mod, _ctx):
