@@ -126,13 +126,16 @@ def compile_model(
     if dims and backend.no_symbolic_shapes:
         raise ShapeError(f"{profile.name} builds cannot take --dim yet: {backend.no_symbolic_shapes}.",
                          "Compile one build per size with --input-shape, or use a CPU profile.")
+    frame_dims = frame_sizes(pre, dims)  # frames of any size in range (size=FHxFW), resized to the model's
     say(f"Importing {model.name}")
-    imported = import_model(model, input_shapes, dims)
+    imported = import_model(model, input_shapes, {n: r for n, r in dims.items() if n not in frame_dims})
     model_outputs = output_specs(imported)
-    if dims and (pre or post):
+    if imported.dims and (pre or post):
         raise ShapeError("Compiled-in processing (--preprocess/--postprocess) takes fixed model shapes so far; this"
-                         " build has dimensions that change at run time (--dim).",
-                         "Compile without --dim, or without the processing.")
+                         " build has model dimensions that change at run time (--dim).",
+                         "Compile without --dim on the model's inputs (frames may still change size: "
+                         "--preprocess NAME=image:rgb8,size=FHxFW with --dim FH=... --dim FW=...), or without the "
+                         "processing.")
     plan = plan_processing(pre, post, imported.inputs, model_outputs) if pre or post else None
     device_target = profile.tvm_target()
     applied = None
@@ -145,7 +148,7 @@ def compile_model(
                 f"{tuning} times the new defaults (no new trials needed) and applies records that still beat them")
     records = applied.records if applied else None
     # the processing around the model: one program, fused by the backend's pipeline like the model
-    program = processed_model(imported, plan, word_reads=backend.no_byte_tensors) if plan else imported
+    program = processed_model(imported, plan, word_reads=backend.no_byte_tensors, dims=frame_dims) if plan else imported
     outputs = plan.results if plan else model_outputs
     if precision == "fp16":
         say(f"Converting to half precision (products accumulate in {profile.precision.accumulate})")
@@ -208,6 +211,18 @@ def compile_model(
         )
         manifest.write(staging)
     return CompileResult(output_dir=output_dir, manifest=manifest)
+
+
+def frame_sizes(pre, dims: Dims) -> Dims:
+    """The ``dims`` that frames' sizes name (``--preprocess NAME=image:rgb8,size=FHxFW``); a ShapeError for a name
+    no ``--dim`` gives a range for."""
+    named = [d for s in pre for d in (s.size or ()) if isinstance(d, str)]
+    missing = sorted(set(named) - set(dims))
+    if missing:
+        raise ShapeError(f"--preprocess size= names {', '.join(missing)}, which no --dim gives a range for.",
+                         f"Add --dim {missing[0]}=MIN..MAX (e.g. --dim {missing[0]}=240..1080), or give the size in "
+                         "pixels (size=480x640).")
+    return {n: dims[n] for n in dict.fromkeys(named)}
 
 
 def check_precision(precision: str, profile: Profile, backend) -> str:

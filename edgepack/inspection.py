@@ -13,7 +13,7 @@ from edgepack.compiling import fusion_ir
 from edgepack.dims import dims_from_dict
 from edgepack.frontends import ModelInfo, import_model, inspect_model
 from edgepack.manifest import read_manifest
-from edgepack.processing import build_program, manifest_plan, model_input_shapes
+from edgepack.processing import build_program, manifest_plan, model_dims, model_input_shapes
 from edgepack.tensors import Shape, TensorSpec
 
 
@@ -109,7 +109,7 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:
             return ModelInspection(info, build=build)
-        program = build_program(import_model(build_dir / manifest.model_file, shapes, dims_from_dict(manifest.dims)),
+        program = build_program(import_model(build_dir / manifest.model_file, shapes, model_dims(manifest)),
                                 manifest,
                                 backend_for(manifest).no_byte_tensors)  # the model with its processing around it
         before, after = fusion_ir(program)

@@ -151,6 +151,8 @@ def _picture_samples(folder: Path, inputs: tuple[TensorSpec, ...], outputs: tupl
                       f"for it (the model takes {', '.join(s.name for s in inputs)}).",
                       f"Pass --preprocess {inputs[0].name}=image:rgb8,mean=...,std=... as for compile, or an .npz.")
     frame = plan_processing(settings, (), inputs, outputs).frames[0]
+    if frame.dynamic:  # frames of any size: calibrate on pictures at the model's own size
+        frame = frame.at_size(frame.height, frame.width)
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError as exc:

@@ -258,9 +258,9 @@ def validate(
         if plan is None:
             runs = [random_inputs(at_size(manifest.inputs, size), seed) for size in at]
             fed = f"random inputs (seed {seed})" + (f" at {len(at)} sizes" if len(at) > 1 else "")
-        elif plan.frames:
-            runs, fed = [random_frames(plan, seed), picture_frames(plan, seed)], \
-                f"random frames (seed {seed}) and a test picture"
+        elif plan.frames:  # frames whose size changes at run time: both at each size
+            runs = [make(plan, seed, size) for size in at for make in (random_frames, picture_frames)]
+            fed = f"random frames (seed {seed}) and a test picture" + (f" at {len(at)} sizes" if len(at) > 1 else "")
         else:
             runs, fed = [random_frames(plan, seed)], f"random inputs (seed {seed})"
     elif isinstance(inputs, dict):

@@ -148,6 +148,57 @@ def test_bad_settings_exit_2_from_the_cli(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_frames_of_any_size_need_their_ranges_and_a_resize(tmp_path):
+    """size=FHxFW names --dim ranges: one missing, NV21 (not yet), resize=none, and frame sizes a word-reading
+    backend (Vulkan) cannot read at every size of the range are refused by name, exit 2."""
+    model = onnx_passthrough(tmp_path / "img.onnx", (1, 3, 16, 16))
+    base = ["compile", str(model), "-o", str(tmp_path / "b")]
+    result = run_cli(*base, "-p", "host", "--preprocess", "input=image:rgb8,size=FHxFW", "--dim", "FH=16..64")
+    assert_clean_error(result, "names FW, which no --dim gives a range for", "--dim FW=")
+    result = run_cli(*base, "-p", "host", "--preprocess", "input=image:nv21,size=FHxFW", "--dim", "FH=16..64",
+                     "--dim", "FW=16..64")
+    assert_clean_error(result, "NV21 frames of a size that changes at run time", "size=HxW")
+    result = run_cli(*base, "-p", "host", "--preprocess", "input=image:rgb8,size=FHxFW,resize=none", "--dim",
+                     "FH=16..64", "--dim", "FW=16..64")
+    assert_clean_error(result, "need resizing", "resize=bilinear")
+    result = run_cli(*base, "-p", "vulkan-generic", "--preprocess", "input=image:rgb8,size=FHxFW", "--dim",
+                     "FH=16..64", "--dim", "FW=17..65:2")
+    assert_clean_error(result, "at every size of its --dim ranges", "multiples of 4")
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("pre", ["input=image:rgb8,size=FHxFW,mean=123.7/116.3/103.5,std=58.4/57.1/57.4",
+                                 "input=image:bgr8,size=FHxFW,resize=nearest,mean=127.5,std=127.5"])
+def test_frames_of_any_size_in_range_are_resized_to_the_model_at_run_time(tmp_path, pre):
+    """A pass-through model: one build takes frames of every size in FH x FW (smaller and larger than the model,
+    odd sizes) and its output, the pre-processed frame, matches the ONNX reference made at that frame's size."""
+    model = onnx_passthrough(tmp_path / "img.onnx", (1, 3, 24, 32))
+    build = compile_model(model, "host", tmp_path / "b", preprocess=[pre], dims=["FH=13..97", "FW=20..132:4"])
+    manifest = build.manifest
+    assert [(t.name, t.dtype, t.shape) for t in manifest.inputs] == [("input", "uint8", ("FH", "FW", 3))]
+    assert set(manifest.dims) == {"FH", "FW"}
+    report = validate(build.output_dir, "host")
+    assert report.passed, report
+    assert len(report.sizes) == 5 and report.inputs.endswith("at 5 sizes"), report.inputs
+    frame = np.random.default_rng(3).integers(0, 256, (50, 44, 3), dtype=np.uint8)
+    assert validate(build.output_dir, "host", inputs={"input": frame}).passed
+    header = model_header(manifest)
+    assert "EDGEPACK_MODEL_INPUT_FRAME_BYTES_MAX 38412" in header and "DIM_FH_MAX 97" in header
+
+
+def test_run_time_taps_of_another_scale_fail_validation(monkeypatch, tmp_path):
+    """A wrong build: run-time bilinear taps that scale by one pixel too many (dst + 1) do not match the
+    reference."""
+    from edgepack.processing import frames
+
+    original = frames.run_time_taps
+    monkeypatch.setattr(frames, "run_time_taps", lambda i, src, dst: original(i, src, dst + 1))
+    model = onnx_passthrough(tmp_path / "img.onnx", (1, 3, 24, 32))
+    build = compile_model(model, "host", tmp_path / "b", preprocess=["input=image:rgb8,size=FHxFW"],
+                          dims=["FH=13..97", "FW=20..132:4"])
+    assert not validate(build.output_dir, "host").passed
+
+
 # ----------------------------------------------------------------------------------------------
 # the reference itself
 

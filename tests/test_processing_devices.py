@@ -33,6 +33,9 @@ CASES = {
     "blazeface-nv21": ("face_detection_short_range", ["input=image:nv21,size=240x320,mean=127.5,std=127.5"], []),
     "detector-nms": ("detector", ["input=image:rgb8,size=96x128,mean=127.5,std=127.5"],
                      ["boxes,scores=nms:iou=0.45,score=0.5,max=100,boxes=cxcywh"]),
+    # frames of any size in the ranges (a phone's camera, a photo), resized to BlazeFace's 128x128 at run time
+    "blazeface-any-frame": ("face_detection_short_range", ["input=image:rgb8,size=FHxFW,mean=127.5,std=127.5"],
+                            ["classificators=sigmoid"], ["FH=96..480:4", "FW=128..640:4"]),
 }
 
 
@@ -44,10 +47,10 @@ def processed(models, tmp_path_factory):
 
     def get(case: str, profile: str) -> Path:
         if (case, profile) not in built:
-            name, pre, post = CASES[case]
+            name, pre, post, *dims = CASES[case]
             model = onnx_detector(root / "detector.onnx") if name == "detector" else models[name].path
             built[(case, profile)] = compile_model(model, profile, root / f"{case}-{profile}", preprocess=pre,
-                                                   postprocess=post).output_dir
+                                                   postprocess=post, dims=dims[0] if dims else None).output_dir
         return built[(case, profile)]
 
     return get
@@ -56,7 +59,8 @@ def processed(models, tmp_path_factory):
 def _check(build: Path, on: str) -> None:
     report = validate(build, on)
     assert report.passed, report
-    assert report.inputs == "random frames (seed 0) and a test picture"
+    dynamic = bool(read_manifest(build).dims)  # frames of any size: both kinds at each of 5 sizes
+    assert report.inputs == "random frames (seed 0) and a test picture" + (" at 5 sizes" if dynamic else "")
     assert report.reference.endswith("with the processing as ONNX (pre) and NumPy (post)")
 
 
@@ -215,8 +219,8 @@ def test_java_api_runs_a_frame_and_a_bitmap_on_the_jvm(processed, tmp_path):
     from test_android import PACKAGE, _needs, compile_api, java
 
     from edgepack.packaging.android.aar import JNI_LIBRARY, build_jni_library
-    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
     from edgepack.packaging.android.java import android_stub_sources, generate_java_sources
+    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
     from edgepack.processing import synthetic_picture
     from edgepack.toolchain import tvm_runtime
 
@@ -245,3 +249,94 @@ def test_java_api_runs_a_frame_and_a_bitmap_on_the_jvm(processed, tmp_path):
         _assert_matches(build, [np.array([[int(v) for v in values[:5]]], np.int32),
                                 np.array([[float(v) for v in values[5:]]], np.float32)], expected)
     assert lines[2].startswith("refused: the bitmap is 639x480 (width x height) but the model takes 640x480"), lines
+
+
+JAVA_ANY_FRAME_HARNESS = """
+import {package}.{cls};
+import android.graphics.Bitmap;
+import java.nio.file.*;
+
+public class RunAnyFrame {{
+  public static void main(String[] a) throws Exception {{
+    try ({cls} model = {cls}.load(new java.io.File(a[0]))) {{
+      for (int k = 1; k + 2 < a.length + 1; k += 3) {{
+        int h = Integer.parseInt(a[k]), w = Integer.parseInt(a[k + 1]);
+        byte[] rgb = Files.readAllBytes(Paths.get(a[k + 2]));
+        int[] colors = new int[h * w];
+        for (int i = 0; i < h * w; i++) {{
+          colors[i] = 0xff000000 | (rgb[3 * i] & 0xff) << 16 | (rgb[3 * i + 1] & 0xff) << 8 | (rgb[3 * i + 2] & 0xff);
+        }}
+        try {{
+          {cls}.Outputs out = model.run(Bitmap.createBitmap(colors, w, h, Bitmap.Config.ARGB_8888));
+          StringBuilder line = new StringBuilder();
+          for (int i = 0; i < out.classificators.limit(); i++) line.append(out.classificators.get(i)).append(' ');
+          System.out.println(line.toString().trim());
+        }} catch (ai.edgepack.EdgepackException e) {{
+          System.out.println("refused: " + e.getMessage());
+        }}
+      }}
+    }}
+  }}
+}}
+"""
+
+
+@pytest.mark.slow
+def test_frames_of_any_size_through_the_c_runner_and_java(processed, tmp_path):
+    """One build for frames of any size in FH x FW: the C runner on the device (rpi4, qemu) and the Java API's
+    run(Bitmap) on the JVM take pictures of two sizes, each matching the reference made at its size, and refuse
+    one outside the ranges by name."""
+    from test_android import PACKAGE, _needs, compile_api, java
+
+    from edgepack.packaging.android.aar import JNI_LIBRARY, build_jni_library
+    from edgepack.packaging.android.java import android_stub_sources, generate_java_sources
+    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
+    from edgepack.processing import synthetic_picture
+    from edgepack.toolchain import tvm_runtime
+
+    sizes = [(120, 160), (476, 300)]
+    pictures = {size: synthetic_picture(*size) for size in sizes}
+    build = processed("blazeface-any-frame", "rpi4")
+    bundle = package_c(build, tmp_path / "c")
+    header = (bundle.output_dir / "include" / "edgepack_model.h").read_text()
+    assert "EDGEPACK_MODEL_DIM_FH_MAX 480" in header and "FRAME_BYTES_MAX" in header
+    runner = [*emulator_command(get_profile("rpi4")), str(bundle.output_dir / "bin" / "edgepack_run"),
+              str(bundle.output_dir / "lib" / "model.so")]
+    for size, rgb in pictures.items():
+        np.save(tmp_path / "frame.npy", rgb)
+        out = tmp_path / f"out{size[0]}"
+        out.mkdir()
+        result = subprocess.run([*runner, "--input", f"input={tmp_path / 'frame.npy'}", "--output-dir", str(out)],
+                                capture_output=True, text=True, timeout=600, check=False)
+        assert result.returncode == 0, result.stderr
+        outputs = [np.load(min(out.glob(f"{i}_*.npy"))) for i in range(2)]
+        _assert_matches(build, outputs, _reference(build, rgb))
+    np.save(tmp_path / "small.npy", synthetic_picture(92, 160))  # FH below its range
+    result = subprocess.run([*runner, "--input", f"input={tmp_path / 'small.npy'}", "--output-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode != 0 and "FH" in result.stderr and "96" in result.stderr, result.stderr
+
+    _needs("javac", "java", "gcc")
+    host = processed("blazeface-any-frame", "host")
+    manifest = read_manifest(host)
+    source = generate_java_sources(manifest, PACKAGE, "FaceDetector")[f"{PACKAGE.replace('.', '/')}/FaceDetector.java"]
+    assert "public Outputs run(Bitmap bitmap)" in source and "FRAME_HEIGHT" not in source
+    stubs = compile_java(android_stub_sources(), tmp_path / "stubs", werror=True)
+    runtime = tvm_runtime.host_runtime()
+    libs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
+    jni = build_jni_library(runtime, tmp_path / "jni" / JNI_LIBRARY, "gcc", jdk_include_dirs(), werror=True, rpath=libs)
+    classes = compile_api(manifest, "FaceDetector", tmp_path, stubs,
+                          {"RunAnyFrame.java": JAVA_ANY_FRAME_HARNESS.format(package=PACKAGE, cls="FaceDetector")})
+    args = []
+    for (h, w), rgb in [*pictures.items(), ((92, 160), synthetic_picture(92, 160))]:
+        (tmp_path / f"rgb{h}.bin").write_bytes(rgb.tobytes())
+        args += [str(h), str(w), tmp_path / f"rgb{h}.bin"]
+    out = java([tmp_path / "api", classes, stubs], "RunAnyFrame", host / manifest.artifacts["device_library"].path,
+               *args, library_path=[str(jni.parent), *libs], ld_path=libs)
+    lines = out.stdout.strip().splitlines()
+    index = [t.name for t in manifest.outputs].index("classificators")
+    for line, rgb in zip(lines[:2], pictures.values()):
+        scores = np.array([float(v) for v in line.split()], np.float32)
+        expected = _reference(host, rgb)[index]
+        assert compare("classificators", scores.reshape(expected.shape), expected, 1e-4, 1e-3).passed
+    assert lines[2].startswith("refused:") and "FH" in lines[2], lines

@@ -30,13 +30,12 @@ from typing import Any
 import numpy as np
 
 from edgepack.backends import backend_for
-from edgepack.dims import dims_from_dict
 from edgepack.errors import EdgepackError
 from edgepack.files import atomic_directory, check_output_dir, file_sha256
 from edgepack.frontends import import_model
 from edgepack.manifest import BUILD_TUNING, read_manifest
 from edgepack.packaging.c_header import HEADER, model_header
-from edgepack.processing import build_program, model_input_shapes
+from edgepack.processing import build_program, model_dims, model_input_shapes
 from edgepack.profiles import get_profile, profile_from_dict
 from edgepack.progress import Progress, reporter
 from edgepack.run.c_runner import RunResult, run_c_runner
@@ -123,7 +122,7 @@ def package_c(
         if backend.static_bundle:
             say("Building the static model library (system library)")
             imported = import_model(build_dir / manifest.model_file, model_input_shapes(manifest),
-                                    dims_from_dict(manifest.dims))
+                                    model_dims(manifest))
             records = None
             if (build_dir / BUILD_TUNING).is_dir():  # the same kernels as the shared library
                 say("Applying the build's tuning records")

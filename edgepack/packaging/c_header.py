@@ -77,10 +77,15 @@ def model_header(manifest: BuildManifest) -> str:
     if plan is not None:
         for frame in plan.frames:
             prefix = f"EDGEPACK_MODEL_{_macro(frame.name)}_FRAME"
-            lines += ["", f"/* the camera frames input \"{_comment(frame.name)}\" takes ({frame.setting.format}) */",
-                      f"#define {prefix}_HEIGHT {frame.frame_height}",
-                      f"#define {prefix}_WIDTH {frame.frame_width}",
-                      f"#define {prefix}_BYTES {_bytes(frame.frame)}"]
+            lines += ["", f"/* the camera frames input \"{_comment(frame.name)}\" takes ({frame.setting.format}) */"]
+            if frame.dynamic:  # its size: the dims' ranges above
+                largest = frame.sized({r.name: r.max for r in dims.values()})
+                lines += [f"#define {prefix}_CHANNELS {frame.frame.shape[-1]}",
+                          f"#define {prefix}_BYTES_MAX {_bytes(largest.frame)} /* at the largest height and width */"]
+            else:
+                lines += [f"#define {prefix}_HEIGHT {frame.frame_height}",
+                          f"#define {prefix}_WIDTH {frame.frame_width}",
+                          f"#define {prefix}_BYTES {_bytes(frame.frame)}"]
     lines += ["", "#endif /* EDGEPACK_MODEL_H */", ""]
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from edgepack.dims import Dims, dims_from_dict
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
 from edgepack.processing.parse import PostprocessLike, PreprocessLike, parse_postprocess, parse_preprocess
@@ -23,7 +24,7 @@ from edgepack.processing.settings import ImagePreprocess, NmsPostprocess, Output
 __all__ = [
     "FramePlan", "ImagePreprocess", "NmsPlan", "NmsPostprocess", "OutputPlan", "OutputPostprocess",
     "PostprocessLike", "PreprocessLike", "ProcessingPlan", "ReferenceRun", "build_program", "encode_frame",
-    "manifest_plan", "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames",
+    "manifest_plan", "model_dims", "model_input_shapes", "parse_postprocess", "parse_preprocess", "picture_frames",
     "plan_processing", "processed_model", "random_frames", "run_processed_reference", "synthetic_picture",
 ]
 
@@ -36,7 +37,19 @@ def manifest_plan(manifest: BuildManifest) -> ProcessingPlan | None:
 def build_program(imported: ImportedModel, manifest: BuildManifest, word_reads: str | None) -> ImportedModel:
     """What a build compiles: ``imported`` (the build's model) with the build's processing around it."""
     plan = manifest_plan(manifest)
-    return processed_model(imported, plan, word_reads=word_reads) if plan else imported
+    if plan is None:
+        return imported
+    dims = dims_from_dict(manifest.dims)
+    return processed_model(imported, plan, word_reads=word_reads,
+                           dims={n: r for n, r in dims.items() if n not in model_dims(manifest)})
+
+
+def model_dims(manifest: BuildManifest) -> Dims:
+    """The ``--dim`` ranges of the build's model itself (what ``import_model`` needs to compile it again), not
+    those of frames whose size changes (``size=FHxFW``)."""
+    dims = dims_from_dict(manifest.dims)
+    used = {d for t in model_input_shapes(manifest).values() for d in t if isinstance(d, str)}
+    return {n: r for n, r in dims.items() if n in used}
 
 
 def model_input_shapes(manifest: BuildManifest) -> dict[str, tuple[int, ...]]:

@@ -10,11 +10,14 @@ holding the same settings, or the dataclasses themselves (the Python API accepts
 
 from __future__ import annotations
 
+import re
+
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from edgepack.dims import is_dim_name
 from edgepack.errors import ProcessingError
 from edgepack.processing.settings import (
     POSTPROCESS_SYNTAX,
@@ -150,18 +153,18 @@ def _numbers(value: Any, key: str, where: str) -> tuple[float, ...]:
                               f"{key}=123.7/116.3/103.5.") from None
 
 
-def _size(value: Any, where: str) -> tuple[int, int]:
-    if isinstance(value, list):
-        parts = value
-    else:
-        parts = str(value).lower().split("x")
+def _size(value: Any, where: str) -> tuple[int | str, int | str]:
+    """``480x640``, or with names of ``--dim`` ranges for frames whose size changes at run time (``FHxFW``)."""
+    parts = value if isinstance(value, list) else re.split(r"[xX]", str(value).strip())
     try:
-        size = tuple(int(p) for p in parts)
-        if len(size) != 2 or min(size) <= 0:
+        size = tuple(p.strip() if isinstance(p, str) and is_dim_name(p.strip()) else int(p) for p in parts)
+        if len(size) != 2 or any(isinstance(d, int) and d <= 0 for d in size):
             raise ValueError
     except (TypeError, ValueError):
         raise ProcessingError(f"Cannot read size={value!r} in {where}.",
-                              "Write the frame's height and width in pixels, e.g. size=480x640.") from None
+                              "Write the frame's height and width in pixels, e.g. size=480x640, or the names of "
+                              "--dim ranges for frames of any size in them, e.g. size=FHxFW with --dim "
+                              "FH=240..1080 --dim FW=320..1920 (names without an x).") from None
     return size  # type: ignore[return-value]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgepack.dims import at_size
 from edgepack.processing.plan import FramePlan, ProcessingPlan
 from edgepack.tensors import random_inputs
 
@@ -67,18 +68,20 @@ def picture_frame(plan: FramePlan) -> np.ndarray:
     return encode_frame(synthetic_picture(plan.frame_height, plan.frame_width), plan.setting.format)
 
 
-def random_frames(plan: ProcessingPlan, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs of a processed build: uniform 0-255 frames, the other inputs as ``random_inputs`` makes them."""
+def random_frames(plan: ProcessingPlan, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs of a processed build: uniform 0-255 frames, the other inputs as ``random_inputs`` makes them;
+    frames whose size changes at run time at the ``--dim`` values ``sizes``."""
     rng = np.random.default_rng(seed)
-    feeds = random_inputs(plan.inputs, seed)
+    feeds = random_inputs(at_size(plan.inputs, sizes or {}), seed)
     for frame in plan.frames:
-        feeds[frame.name] = rng.integers(0, 256, tuple(int(d) for d in frame.frame.shape), dtype=np.uint8)
+        feeds[frame.name] = rng.integers(0, 256, tuple(int(d) for d in frame.sized(sizes or {}).frame.shape),
+                                         dtype=np.uint8)
     return feeds
 
 
-def picture_frames(plan: ProcessingPlan, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of a processed build with the test picture in every frame."""
-    feeds = random_inputs(plan.inputs, seed)
+def picture_frames(plan: ProcessingPlan, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Inputs of a processed build with the test picture in every frame (at ``sizes``, as ``random_frames``)."""
+    feeds = random_inputs(at_size(plan.inputs, sizes or {}), seed)
     for frame in plan.frames:
-        feeds[frame.name] = picture_frame(frame)
+        feeds[frame.name] = picture_frame(frame.sized(sizes or {}))
     return feeds

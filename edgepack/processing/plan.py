@@ -7,7 +7,7 @@ read; ``ProcessingPlan.to_dict`` is what a build's manifest records and ``from_d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgepack.errors import ProcessingError
@@ -40,8 +40,8 @@ class FramePlan:
     channels: int  # the model input's: 1 or 3
     height: int  # the model input's
     width: int
-    frame_height: int
-    frame_width: int
+    frame_height: int | str  # a name: a --dim range (frames of any size in it)
+    frame_width: int | str
     resize: str  # "bilinear", "nearest" or "none"
     mean: tuple[float, ...]  # one per model channel
     std: tuple[float, ...]
@@ -50,6 +50,22 @@ class FramePlan:
     @property
     def name(self) -> str:
         return self.model.name
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the frame's size changes at run time (``size=`` names ``--dim`` ranges)."""
+        return isinstance(self.frame_height, str) or isinstance(self.frame_width, str)
+
+    def at_size(self, frame_height: int, frame_width: int) -> FramePlan:
+        """This plan for frames of one size (a dynamic frame's, as a run gets it)."""
+        frame = TensorSpec(self.frame.name, "uint8", (frame_height, frame_width, self.frame.shape[-1]))
+        return replace(self, frame=frame, frame_height=frame_height, frame_width=frame_width)
+
+    def sized(self, sizes: dict[str, int]) -> FramePlan:
+        """This plan at the ``--dim`` values ``sizes`` (itself where its size is fixed)."""
+        if not self.dynamic:
+            return self
+        return self.at_size(*(sizes[d] if isinstance(d, str) else d for d in (self.frame_height, self.frame_width)))
 
     def describe(self) -> str:
         s = self.setting
@@ -242,6 +258,14 @@ def _plan_frame(s: ImagePreprocess, model: TensorSpec) -> FramePlan:
                               f"{s.format}.",
                               "Feed one-channel models with gray8 frames.")
     frame_height, frame_width = s.size or (height, width)
+    named = [d for d in (frame_height, frame_width) if isinstance(d, str)]
+    if named and s.format == "nv21":
+        raise ProcessingError(f"{where}: NV21 frames of a size that changes at run time ({', '.join(named)}) are not "
+                              "supported yet.", "Give the NV21 frame's size in pixels (size=HxW).")
+    if named and s.resize == "none":
+        raise ProcessingError(f"{where}: frames whose size changes at run time ({', '.join(named)}) need resizing to "
+                              f"the model input {model.name!r} {_shape(shape)}.",
+                              "Use resize=bilinear (the default) or resize=nearest.")
     resize = s.resize or ("none" if (frame_height, frame_width) == (height, width) else "bilinear")
     if resize == "none" and (frame_height, frame_width) != (height, width):
         raise ProcessingError(

@@ -13,26 +13,35 @@ from typing import Any
 
 from edgepack.errors import ProcessingError
 from edgepack.frontends.types import ImportedModel
-from edgepack.processing.frames import emit_frame, frame_bytes_fit_words
+from edgepack.dims import Dims
+from edgepack.processing.frames import emit_frame, frame_bytes_fit_words, frame_shape
 from edgepack.processing.outputs import emit_nms, emit_output
 from edgepack.processing.plan import ProcessingPlan
 
 
-def processed_model(imported: ImportedModel, plan: ProcessingPlan, *, word_reads: str | None = None) -> ImportedModel:
+def processed_model(imported: ImportedModel, plan: ProcessingPlan, *, word_reads: str | None = None,
+                    dims: Dims | None = None) -> ImportedModel:
     """``imported`` with ``plan``'s processing compiled around it: inputs and outputs are the plan's.
 
     ``word_reads``: why the backend's kernels cannot read 8-bit tensors (e.g. WGSL has no 8-bit types),
-    or None; when given, frames are read as 32-bit words and their byte size must be a multiple of 4."""
+    or None; when given, frames are read as 32-bit words and their byte size must be a multiple of 4.
+    ``dims``: the ranges of the frame sizes that change at run time (``size=FHxFW``), each a variable of
+    ``main`` whose largest value plans the memory."""
     import tvm
-    from tvm import relax
+    from tvm import relax, tirx
 
+    dims = dims or {}
     if word_reads:
         for frame in plan.frames:
-            if not frame_bytes_fit_words(frame):
+            if not frame_bytes_fit_words(frame, dims):
+                sizes = " at every size of its --dim ranges" if frame.dynamic else ""
                 raise ProcessingError(
                     f"The {frame.setting.format} frame of input {frame.name!r} ({list(frame.frame.shape)}) is not a "
-                    f"whole number of 32-bit words, which this backend needs: {word_reads}.",
-                    "Choose a frame size whose byte count is a multiple of 4 (size=HxW).")
+                    f"whole number of 32-bit words{sizes}, which this backend needs: {word_reads}.",
+                    "Choose a frame size whose byte count is a multiple of 4 (size=HxW; for a --dim range, a "
+                    "width whose minimum and step are multiples of 4, e.g. --dim FW=320..1920:4).")
+    sizes = {name: tirx.Var(name, "int64") for frame in plan.frames if frame.dynamic
+             for name in frame.frame.shape if isinstance(name, str)}
 
     mod = imported.mod
     model = mod["main"]
@@ -46,15 +55,19 @@ def processed_model(imported: ImportedModel, plan: ProcessingPlan, *, word_reads
         name = param.name if i < num_input else None
         if name in frames:
             frame = frames[name]
-            params.append(relax.Var(name, relax.TensorType(tuple(frame.frame.shape), "uint8")))
+            params.append(relax.Var(name, relax.TensorType(frame_shape(frame, sizes), "uint8")))
         else:
             params.append(relax.Var(param.name, param.ty))
     attrs = {k: v for k, v in (model.attrs or {}).items() if k != "global_symbol"}
+    if sizes:  # what Relax's memory planning reads: each variable's largest value, and that it is not negative
+        attrs["tir_var_upper_bound"] = {name: dims[name].max for name in sizes}
+        attrs["tir_non_negative_var"] = list(sizes)
     with bb.function("main", params, attrs):
         with bb.dataflow():
             for i, (param, new) in enumerate(zip(model.params, params)):
                 name = param.name if i < num_input else None
-                args.append(emit_frame(bb, new, frames[name], word_reads=bool(word_reads)) if name in frames else new)
+                args.append(emit_frame(bb, new, frames[name], word_reads=bool(word_reads), sizes=sizes)
+                            if name in frames else new)
             result = bb.emit(relax.Call(inner, args))
             raw = ([bb.emit(relax.TupleGetItem(result, i)) for i in range(len(plan.model_outputs))]
                    if isinstance(result.ty, relax.TupleType) else [result])

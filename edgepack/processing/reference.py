@@ -245,6 +245,8 @@ def run_processed_reference(model: Path, model_format: ModelFormat, plan: Proces
     feeds = {}
     for spec in plan.model_inputs:
         frame = plan.frame(spec.name)
+        if frame is not None and frame.dynamic:  # the frame's size is this run's
+            frame = frame.at_size(*np.shape(inputs[spec.name])[:2])
         feeds[spec.name] = preprocess(frame, inputs[spec.name]) if frame else inputs[spec.name]
     raw = dict(zip((t.name for t in plan.model_outputs),
                    run_reference(model, model_format, feeds, plan.model_outputs)))

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgepack.dims import is_dim_name
 from edgepack.errors import ProcessingError
 
 #: Frame formats: bytes per pixel of the HxWxC frame (NV21: its planes, 1.5 bytes per pixel).
@@ -46,7 +47,8 @@ class ImagePreprocess:
 
     ``format``: ``rgb8``, ``bgr8``, ``rgba8`` (HxWx3/4 bytes), ``gray8`` (HxWx1) or ``nv21`` (Android
     camera: a Y plane HxW, then interleaved V,U at H/2 x W/2; full-range BT.601). ``size``: the frame's
-    (height, width), default the model's. ``resize``: ``bilinear`` (half-pixel centres), ``nearest``
+    (height, width), default the model's; a name is a ``--dim`` range (``size=("FH", "FW")``: frames of any size
+    in the ranges, resized to the model's fixed size at run time). ``resize``: ``bilinear`` (half-pixel centres), ``nearest``
     (``floor(dst * src / dst_size)``) or ``none``; default bilinear when the sizes differ. ``mean`` and
     ``std`` are in pixel units (0-255): one value, or one per channel of the model input in ``order``
     (the channel order the model expects). ``layout``: the model input's layout, default read from its
@@ -55,7 +57,7 @@ class ImagePreprocess:
 
     input: str
     format: str
-    size: tuple[int, int] | None = None
+    size: tuple[int | str, int | str] | None = None  # a name: a --dim range (frames of any size in it)
     resize: str | None = None
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
@@ -73,9 +75,11 @@ class ImagePreprocess:
             _choice(self.layout, LAYOUTS, "layout", "layout=nchw", f" for input {self.input!r}")
         if self.size is not None:
             size = tuple(self.size)
-            if len(size) != 2 or not all(isinstance(d, int) and d > 0 for d in size):
+            if len(size) != 2 or not all((isinstance(d, int) and d > 0) or (isinstance(d, str) and is_dim_name(d))
+                                         for d in size):
                 raise ProcessingError(f"The frame size of input {self.input!r} is {self.size!r}.",
-                                      "Give a height and a width in pixels, e.g. size=480x640.")
+                                      "Give a height and a width in pixels, e.g. size=480x640, or names of --dim "
+                                      "ranges (size=FHxFW).")
             object.__setattr__(self, "size", size)
         for key in ("mean", "std"):
             values = tuple(float(v) for v in getattr(self, key))

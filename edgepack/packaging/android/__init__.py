@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends import backend_for
-from edgepack.dims import dims_from_dict
 from edgepack.errors import EdgepackError, ToolchainError
 from edgepack.files import atomic_directory, check_output_dir
 from edgepack.frontends import import_model
@@ -57,7 +56,7 @@ from edgepack.packaging.android.java import (
     model_name_of,
 )
 from edgepack.packaging.android.javac import compile_java_api, find_android_jar, make_jar
-from edgepack.processing import build_program, model_input_shapes
+from edgepack.processing import build_program, model_dims, model_input_shapes
 from edgepack.profiles import get_profile, profile_from_dict
 from edgepack.progress import Progress, reporter
 from edgepack.toolchain.android_ndk import ABIS, MIN_SDK, AbiSpec, Ndk, find_ndk
@@ -188,7 +187,7 @@ def package_android(
                 if imported is None:
                     imported = build_program(import_model(build_dir / manifest.model_file,
                                                           model_input_shapes(manifest),
-                                                          dims_from_dict(manifest.dims)),
+                                                          model_dims(manifest)),
                                              manifest, backend.no_byte_tensors)
                 exe = backend.build(imported, _abi_target(profile, abi), limits=profile.limits).executable
                 model_lib = export_model_shared(exe, tmp / abi.name / "model.so", cxx, meta_text=meta, cc=cc,

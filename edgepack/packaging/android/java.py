@@ -361,12 +361,17 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
         add("")
         add(f"  /** Format of the camera frames input {frame.name!r} takes ({_doc_text(frame.setting.format)}). */")
         add(f"  public static final String FRAME_FORMAT = {_java_string(frame.setting.format)};")
-        add("")
-        add("  /** Height of the frames in pixels. */")
-        add(f"  public static final int FRAME_HEIGHT = {frame.frame_height};")
-        add("")
-        add("  /** Width of the frames in pixels. */")
-        add(f"  public static final int FRAME_WIDTH = {frame.frame_width};")
+        if frame.dynamic:  # frames of any size in the ranges of its dims (DIM_... constants)
+            add("")
+            add(f"  /** Channels of the frames (their size changes: {_doc_text(frame.describe().split(';')[0])}). */")
+            add(f"  public static final int FRAME_CHANNELS = {frame.frame.shape[-1]};")
+        else:
+            add("")
+            add("  /** Height of the frames in pixels. */")
+            add(f"  public static final int FRAME_HEIGHT = {frame.frame_height};")
+            add("")
+            add("  /** Width of the frames in pixels. */")
+            add(f"  public static final int FRAME_WIDTH = {frame.frame_width};")
     for kind, tensors in (("INPUTS", inputs), ("OUTPUTS", outputs)):
         add("")
         add(f"  /** The {kind.lower()} of the model, in order. */")
@@ -470,7 +475,20 @@ def generate_model_class(manifest: BuildManifest, java_package: str, class_name:
                 *(f"  model.getOutput({t.index}, out.{t.ident});" for t in outputs),
                 "  return out;",
                 "}"])
-    if bitmap:
+    if bitmap and frame.dynamic:
+        method(["Runs the model on an Android bitmap of any size in the frame's ranges: its pixels become a "
+                + _doc_text(frame.setting.format) + " frame",
+                "(see {@link Frames#fromBitmap}) of its size, which the model converts, resizes and normalises itself.",
+                "",
+                "@param bitmap the picture",
+                "@return the outputs", ("@throws EdgepackException with the native message, or (status SHAPE) for "
+                                        "a bitmap outside the ranges")],
+               "public Outputs run(Bitmap bitmap)",
+               ["long[] shape = {bitmap.getHeight(), bitmap.getWidth(), FRAME_CHANNELS};",
+                f"ByteBuffer frame = {inputs[0].allocator}(shape);",
+                "Frames.fromBitmap(bitmap, FRAME_FORMAT, bitmap.getHeight(), bitmap.getWidth(), frame);",
+                "return run(frame, shape);"])
+    elif bitmap:
         method(["Runs the model on an Android bitmap: its pixels become a " + _doc_text(frame.setting.format)
                 + " frame (see {@link Frames#fromBitmap}),",
                 "which the model converts, resizes and normalises itself.", "",
