@@ -43,6 +43,18 @@ class DimRange:
     def to_dict(self) -> dict[str, int]:
         return {"min": self.min, "max": self.max, "step": self.step}
 
+    @property
+    def inner_name(self) -> str:
+        """The program's variable of a dim with a step: ``n`` in ``W = step * n + min % step``, named ``W_32``."""
+        return f"{self.name}_{self.step}" if self.step > 1 else self.name
+
+    def variables(self, value: int) -> dict[str, int]:
+        """The values the program's symbolic variables of this dim take at size ``value``."""
+        found = {self.name: value}
+        if self.step > 1:
+            found[self.inner_name] = (value - self.min % self.step) // self.step
+        return found
+
 
 Dims = dict[str, DimRange]
 
@@ -102,6 +114,27 @@ def _points(r: DimRange) -> list[int]:
             value += r.step  # an odd size where the step makes one
         values.append(value)
     return list(dict.fromkeys(v for v in values if r.takes(v)))
+
+
+def parse_size_values(specs: list[str] | None, option: str = "--tune-size") -> dict[str, int]:
+    """``["W=192"]`` as ``{"W": 192}`` (no range to check them against)."""
+    sizes: dict[str, int] = {}
+    for spec in specs or []:
+        name, sep, value = spec.partition("=")
+        if not sep or not is_dim_name(name.strip()) or not value.strip().isdigit() or int(value) <= 0:
+            raise ShapeError(f"Cannot read {option} {spec!r}.", f"Write it as NAME=SIZE, e.g. {option} W=320.")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
+def substitute_sizes(shapes: dict[str, tuple], sizes: dict[str, int], option: str = "--tune-size") -> dict[str, tuple]:
+    """``shapes`` (``--input-shape`` with dim names) with each name replaced by its size in ``sizes``; a
+    ShapeError naming a dim with no size."""
+    missing = sorted({d for shape in shapes.values() for d in shape if isinstance(d, str) and d not in sizes})
+    if missing:
+        raise ShapeError(f"The input shapes name {', '.join(missing)}, which {option} gives no size.",
+                         f"Add {option} {missing[0]}=SIZE (e.g. {option} {missing[0]}=320).")
+    return {name: tuple(sizes[d] if isinstance(d, str) else d for d in shape) for name, shape in shapes.items()}
 
 
 def parse_sizes(specs: list[str] | None, dims: Dims) -> dict[str, int] | None:

@@ -110,6 +110,9 @@ class TuningRecords:
 
     database: Any  # tvm.s_tir.meta_schedule.database.Database
     form: KernelForm = KernelForm()
+    #: for a build whose sizes change at run time: the size the records were tuned at, as the value of each
+    #: symbolic variable of its kernels (``sized_records.py`` applies them across the range)
+    sizes: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)

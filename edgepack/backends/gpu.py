@@ -36,6 +36,7 @@ from edgepack.backends.placement import (
 from edgepack.backends.program_sizes import measuring
 from edgepack.backends.relax_exprs import is_cpu_target, names_of
 from edgepack.backends.schedule_limits import buffer_bytes, over_limits, workgroup_memory
+from edgepack.backends.sized_records import records_at_size
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
@@ -217,6 +218,8 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
                 if records is not None and not rules:
                     legalize += [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False),
                                  note_after]
+                    if records.sizes:  # records tuned at one size, on the kernels of a dynamic build
+                        legalize.append(records_at_size(records.database, records.sizes, record))
                 rules.extend(p._inst.rules)
                 legalize.append(recording_schedule_pass(list(p._inst.rules), record, _unscheduled_label,
                                                         over_limits=over_limits, passed_over=passed_over))

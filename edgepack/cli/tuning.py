@@ -14,6 +14,7 @@ from rich.table import Table
 import edgepack
 from edgepack.cli import common, render
 from edgepack.cli.common import InputShapeOption, InventoryOption, JsonOption, print_json
+from edgepack.dims import parse_size_values
 from edgepack.errors import EdgepackError
 from edgepack.tuning import format_duration, parse_duration, signals
 
@@ -213,6 +214,10 @@ def tune(
     task: Annotated[list[str] | None, typer.Option("--task", help="Only tune tasks whose names contain this (repeat "
                                                                   "for several).")] = None,
     input_shape: InputShapeOption = None,
+    tune_size: Annotated[list[str] | None, typer.Option(
+        "--tune-size", metavar="NAME=SIZE",
+        help="Tune a model whose --input-shape names a dimension (x:1,3,48,W) at this size; a build with --dim "
+             "W=MIN..MAX and --tuning applies the records across its range.")] = None,
     num_cores: Annotated[int | None, typer.Option("--num-cores", help="Cores of the device the schedules are for "
                                                                       "\\[default: this machine's for host, else the "
                                                                       "profile's or 4].")] = None,
@@ -229,7 +234,8 @@ def tune(
         with TuningDisplay(quiet=as_json) as display:
             result = edgepack.tune(model, profile, output, on=on, trials=trials, time_budget_s=budget,
                                 max_trials_per_task=max_trials_per_task, trials_per_batch=batch, only=task,
-                                input_shapes=edgepack.parse_input_shapes(input_shape) or None, num_cores=num_cores,
+                                input_shapes=edgepack.parse_input_shapes(input_shape) or None,
+                                tune_sizes=parse_size_values(tune_size), num_cores=num_cores,
                                 inventory=inventory, on_progress=display.update, log=display.step)
     except KeyboardInterrupt:
         kept = ""

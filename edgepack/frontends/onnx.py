@@ -126,7 +126,7 @@ class SteppedDim:
         self.range = r
         self.outer = tirx.Var(r.name, "int64")  # what main's parameter shape says
         self.rest = r.min % r.step
-        self.inner = tirx.Var(f"{r.name}_{r.step}", "int64") if r.step > 1 else self.outer
+        self.inner = tirx.Var(r.inner_name, "int64") if r.step > 1 else self.outer
         self.value = self.inner * r.step + self.rest if r.step > 1 else self.outer
 
     @property

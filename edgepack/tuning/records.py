@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from edgepack.backends import Backend, KernelForm, TuningRecords, backend_for, target_dict
+from edgepack.dims import at_size
 from edgepack.errors import EdgepackError
 from edgepack.files import atomic_file, write_json_atomic
 from edgepack.frontends import ImportedModel
@@ -643,9 +644,36 @@ def check_tuning(tuning_dir: Path | str, imported, target) -> TuningSummary:
         raise TuningError(f"Tuning directory {directory} does not exist.",
                           "Make it with `edgepack tune MODEL --profile PROFILE -o DIR`, or fix the --tuning path.")
     summary = load_tuning(directory)
-    check_meta(summary.meta, model_sha256=imported.info.sha256, inputs=[t.to_dict() for t in imported.inputs],
+    inputs = at_size(imported.inputs, tuned_sizes(summary.meta, imported, directory))
+    check_meta(summary.meta, model_sha256=imported.info.sha256, inputs=[t.to_dict() for t in inputs],
                 target=target_dict(target), directory=directory, action="compile with these records")
     return summary
+
+
+def tuned_sizes(meta: TuningMeta, imported, directory: Path) -> dict[str, int]:
+    """For a build whose sizes change at run time (``imported.dims``): the size of each dim at which the records
+    were tuned (``tune --tune-size``), read from the tuning's input shapes; a TuningMismatchError where that size
+    is outside the build's range. {} for a fixed build, or where the shapes do not line up (``check_meta`` says
+    how)."""
+    if not getattr(imported, "dims", None):
+        return {}
+    recorded = {t["name"]: list(t["shape"]) for t in meta.inputs}
+    sizes: dict[str, int] = {}
+    for spec in imported.inputs:
+        shape = recorded.get(spec.name)
+        if shape is None or len(shape) != len(spec.shape):
+            return {}
+        for want, got in zip(spec.shape, shape):
+            if isinstance(want, str) and isinstance(got, int) and sizes.setdefault(want, got) != got:
+                return {}
+    for name, value in sizes.items():
+        r = imported.dims[name]
+        if not r.takes(value):
+            raise TuningMismatchError(
+                f"The records in {directory} were tuned at {name}={value}, which this build's range {r} does not "
+                "take.", f"Tune at a size in the range (edgepack tune ... --tune-size {name}={r.min}), or widen "
+                         "--dim.")
+    return sizes
 
 
 def tuning_database(tuning_dir: Path | str, workloads: set[str] | None = None):
@@ -670,6 +698,9 @@ def apply_tuning(imported: ImportedModel, profile: Profile, target, tuning_dir: 
     summary = check_tuning(tuning_dir, imported, target)
     tuned = {t.workload for t in summary.tasks if t.tuned}
     stale = stale_defaults(Path(tuning_dir), backend, target, tuned)
-    records = TuningRecords(tuning_database(tuning_dir, tuned - stale), form=summary.meta.form)
+    sizes = tuned_sizes(summary.meta, imported, Path(tuning_dir))  # a dynamic build: where they were tuned
+    variables = {k: v for name, value in sizes.items() for k, v in imported.dims[name].variables(value).items()}
+    records = TuningRecords(tuning_database(tuning_dir, tuned - stale), form=summary.meta.form,
+                            sizes=variables or None)
     names = tuple(t.name for t in summary.tasks if t.workload in stale)
     return AppliedTuning(records, summary, len(tuned - stale), len(summary.tasks), names)

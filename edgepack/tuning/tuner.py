@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends import Backend, backend_for, target_dict
+from edgepack.dims import substitute_sizes
 from edgepack.errors import first_line
 from edgepack.files import write_json_atomic
 from edgepack.frontends import ImportedModel, import_model
@@ -285,7 +286,8 @@ def tune_model(
     trials: int = DEFAULT_TRIALS,
     time_budget_s: float | None = None,
     max_trials_per_task: int | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    input_shapes: dict[str, tuple[int | str, ...]] | None = None,
+    tune_sizes: dict[str, int] | None = None,
     trials_per_batch: int = DEFAULT_BATCH,
     only: list[str] | tuple[str, ...] | None = None,
     num_cores: int | None = None,
@@ -302,6 +304,10 @@ def tune_model(
     ``max_trials_per_task`` caps each task's records; ``only`` tunes just the tasks whose names
     contain one of the given strings. ``on_progress`` gets a :class:`TuningProgress` at the start,
     after every batch and at the end; ``log`` gets one line per step.
+
+    ``input_shapes`` may name dims (``{"x": (1, 3, 48, "W")}``) that ``tune_sizes`` gives a size (``{"W": 320}``):
+    the model is tuned at that size, and a build with ``--dim W=...`` applies the records across its range
+    (``backends/sized_records.py``).
     """
     say = log or (lambda _msg: None)
     started = time.monotonic()
@@ -319,6 +325,8 @@ def tune_model(
     if directory.is_dir() and existing is None and any(p.name != LOCK_FILE for p in directory.iterdir()):
         raise TuningError(f"{directory} exists and is not a tuning directory.",
                           "Choose a new or empty directory for -o/--output.")
+    if input_shapes is not None:
+        input_shapes = substitute_sizes(input_shapes, tune_sizes or {})
     if input_shapes is None and existing is not None:
         input_shapes = {t["name"]: tuple(t["shape"]) for t in existing.inputs}
 

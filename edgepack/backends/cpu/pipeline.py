@@ -35,6 +35,7 @@ from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.program_sizes import measuring
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
+from edgepack.backends.sized_records import records_at_size
 
 
 def _cpu_passes():
@@ -159,6 +160,8 @@ def cpu_pipeline(target, record: dict[str, str], records: TuningRecords | None =
             if records is not None:  # ApplyDatabase reads the target when it is made
                 note_before, note_after = note_tuned_pass(record)
                 tuned = [note_before, relax.transform.MetaScheduleApplyDatabase(enable_warning=False), note_after]
+                if records.sizes:  # records tuned at one size, on the kernels of a dynamic build
+                    tuned.append(records_at_size(records.database, records.sizes, record))
             seq = tvm.transform.Sequential(measuring([
                 *prepare_passes(target, form),
                 *tuned,
