@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from conftest import validate_real_model
 
 from edgepack.manifest import read_manifest
@@ -58,6 +59,17 @@ def vulkan_driver_missing() -> str | None:
     if why and apt_install(["vulkan-tools", "mesa-vulkan-drivers", "libvulkan1"], why) is None:
         why = probe()
     return why
+
+
+def need_cross_compiler(profile_name: str) -> None:
+    """Skip (only where apt cannot install it) unless the profile's cross compiler is here."""
+    from edgepack.profiles import get_profile
+
+    toolchain = get_profile(profile_name).toolchain
+    if shutil.which(toolchain.cxx) is None:
+        why = apt_install([toolchain.apt_package], f"no {toolchain.cxx}")
+        if why:
+            pytest.skip(why)
 
 
 def plugin_with_a_device(backend_name: str) -> dict:

@@ -10,13 +10,12 @@ refusal by name; a build that reads the CPU's int64 words in the wrong order fai
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import assert_clean_error, run_cli
-from gpu_common import apt_install, plugin_with_a_device, vulkan_c_runner_outputs
+from gpu_common import need_cross_compiler, plugin_with_a_device, vulkan_c_runner_outputs
 from model_factory import onnx_cumulative, onnx_doubles
 
 from edgepack.backends import get_backend
@@ -36,16 +35,14 @@ CPU_NODES = {"div_ms", "mod_slot", "mod_phase", "cast_phase", "add_class"}
 
 @pytest.fixture(scope="module")
 def lavapipe():
+    """The plug-in loaded into this process, a Vulkan adapter behind tvm.device("webgpu", 0)."""
     return plugin_with_a_device("vulkan")
 
 
 @pytest.fixture(scope="module")
 def cross_compiler():
-    toolchain = get_profile(PROFILE).toolchain
-    if shutil.which(toolchain.cxx) is None:
-        why = apt_install([toolchain.apt_package], f"no {toolchain.cxx}")
-        if why:
-            pytest.skip(why)
+    """vulkan-generic links an aarch64 device library."""
+    need_cross_compiler(PROFILE)
 
 
 def _timestamps(path: Path) -> Path:

@@ -7,12 +7,11 @@ Silero VAD (slow) is the real model from the issue.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_common import apt_install, plugin_with_a_device, tiny_module
+from gpu_common import need_cross_compiler, plugin_with_a_device, tiny_module
 
 from edgepack.backends import get_backend
 from edgepack.backends.int64 import Int64Refused, narrow_int64, target_lacks_int64
@@ -42,11 +41,7 @@ def lavapipe():
 @pytest.fixture(scope="module")
 def cross_compiler():
     """vulkan-generic links an aarch64 device library."""
-    toolchain = get_profile(PROFILE).toolchain
-    if shutil.which(toolchain.cxx) is None:
-        why = apt_install([toolchain.apt_package], f"no {toolchain.cxx}")
-        if why:
-            pytest.skip(why)
+    need_cross_compiler(PROFILE)
 
 
 def _save(path: Path, nodes, inputs, outputs, initializers=(), opset: int = 17) -> Path:

@@ -177,6 +177,25 @@ def test_c_runner_reads_a_uint8_npy_frame(processed, tmp_path):
     assert data["outputs"][0]["values"] == want[0].ravel().tolist()
 
 
+def _java_harness(manifest, cls: str, harness: dict[str, str], tmp_path: Path):
+    """The generated class of ``manifest`` and ``harness`` compiled, and the JNI library built for this machine:
+    (class path, java.library.path, LD_LIBRARY_PATH)."""
+    from test_android import _needs, compile_api
+
+    from edgepack.packaging.android.aar import JNI_LIBRARY, build_jni_library
+    from edgepack.packaging.android.java import android_stub_sources
+    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
+    from edgepack.toolchain import tvm_runtime
+
+    _needs("javac", "java", "gcc")
+    stubs = compile_java(android_stub_sources(), tmp_path / "stubs", werror=True)
+    runtime = tvm_runtime.host_runtime()
+    libs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
+    jni = build_jni_library(runtime, tmp_path / "jni" / JNI_LIBRARY, "gcc", jdk_include_dirs(), werror=True, rpath=libs)
+    classes = compile_api(manifest, cls, tmp_path, stubs, harness)
+    return [tmp_path / "api", classes, stubs], [str(jni.parent), *libs], libs
+
+
 JAVA_FRAME_HARNESS = """
 import {package}.{cls};
 import android.graphics.Bitmap;
@@ -216,32 +235,24 @@ public class RunFrame {{
 
 @pytest.mark.slow
 def test_java_api_runs_a_frame_and_a_bitmap_on_the_jvm(processed, tmp_path):
-    from test_android import PACKAGE, _needs, compile_api, java
+    from test_android import PACKAGE, java
 
-    from edgepack.packaging.android.aar import JNI_LIBRARY, build_jni_library
-    from edgepack.packaging.android.java import android_stub_sources, generate_java_sources
-    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
+    from edgepack.packaging.android.java import generate_java_sources
     from edgepack.processing import synthetic_picture
-    from edgepack.toolchain import tvm_runtime
 
-    _needs("javac", "java", "gcc")
     build = processed("mobilenetv2-bgr8-top5", "host")
     manifest = read_manifest(build)
     source = generate_java_sources(manifest, PACKAGE, "Classifier")[f"{PACKAGE.replace('.', '/')}/Classifier.java"]
     assert "public Outputs run(Bitmap bitmap)" in source and "FRAME_FORMAT = \"bgr8\"" in source
     assert "resized bilinear (half-pixel centres) to 224x224" in source
-    stubs = compile_java(android_stub_sources(), tmp_path / "stubs", werror=True)
-    runtime = tvm_runtime.host_runtime()
-    libs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
-    jni = build_jni_library(runtime, tmp_path / "jni" / JNI_LIBRARY, "gcc", jdk_include_dirs(), werror=True, rpath=libs)
-    classes = compile_api(manifest, "Classifier", tmp_path, stubs,
-                          {"RunFrame.java": JAVA_FRAME_HARNESS.format(package=PACKAGE, cls="Classifier")})
+    classpath, library_path, libs = _java_harness(
+        manifest, "Classifier", {"RunFrame.java": JAVA_FRAME_HARNESS.format(package=PACKAGE, cls="Classifier")}, tmp_path)
     rgb = synthetic_picture(480, 640)
     frame = np.ascontiguousarray(rgb[..., ::-1])  # bgr8, as Frames.fromBitmap makes it
     (tmp_path / "rgb.bin").write_bytes(rgb.tobytes())
     (tmp_path / "frame.bin").write_bytes(frame.tobytes())
-    out = java([tmp_path / "api", classes, stubs], "RunFrame", build / manifest.artifacts["device_library"].path,
-               tmp_path / "rgb.bin", tmp_path / "frame.bin", library_path=[str(jni.parent), *libs], ld_path=libs)
+    out = java(classpath, "RunFrame", build / manifest.artifacts["device_library"].path,
+               tmp_path / "rgb.bin", tmp_path / "frame.bin", library_path=library_path, ld_path=libs)
     lines = out.stdout.strip().splitlines()
     expected = _reference(build, frame)
     for line in lines[:2]:  # run(ByteBuffer frame), then run(Bitmap)
@@ -286,13 +297,10 @@ def test_frames_of_any_size_through_the_c_runner_and_java(processed, tmp_path):
     """One build for frames of any size in FH x FW: the C runner on the device (rpi4, qemu) and the Java API's
     run(Bitmap) on the JVM take pictures of two sizes, each matching the reference made at its size, and refuse
     one outside the ranges by name."""
-    from test_android import PACKAGE, _needs, compile_api, java
+    from test_android import PACKAGE, java
 
-    from edgepack.packaging.android.aar import JNI_LIBRARY, build_jni_library
-    from edgepack.packaging.android.java import android_stub_sources, generate_java_sources
-    from edgepack.packaging.android.javac import compile_java, jdk_include_dirs
+    from edgepack.packaging.android.java import generate_java_sources
     from edgepack.processing import synthetic_picture
-    from edgepack.toolchain import tvm_runtime
 
     sizes = [(120, 160), (476, 300)]
     pictures = {size: synthetic_picture(*size) for size in sizes}
@@ -316,23 +324,19 @@ def test_frames_of_any_size_through_the_c_runner_and_java(processed, tmp_path):
                             capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode != 0 and "FH" in result.stderr and "96" in result.stderr, result.stderr
 
-    _needs("javac", "java", "gcc")
     host = processed("blazeface-any-frame", "host")
     manifest = read_manifest(host)
     source = generate_java_sources(manifest, PACKAGE, "FaceDetector")[f"{PACKAGE.replace('.', '/')}/FaceDetector.java"]
     assert "public Outputs run(Bitmap bitmap)" in source and "FRAME_HEIGHT" not in source
-    stubs = compile_java(android_stub_sources(), tmp_path / "stubs", werror=True)
-    runtime = tvm_runtime.host_runtime()
-    libs = list(dict.fromkeys(str(p.parent) for p in runtime.shared_libs))
-    jni = build_jni_library(runtime, tmp_path / "jni" / JNI_LIBRARY, "gcc", jdk_include_dirs(), werror=True, rpath=libs)
-    classes = compile_api(manifest, "FaceDetector", tmp_path, stubs,
-                          {"RunAnyFrame.java": JAVA_ANY_FRAME_HARNESS.format(package=PACKAGE, cls="FaceDetector")})
+    classpath, library_path, libs = _java_harness(
+        manifest, "FaceDetector", {"RunAnyFrame.java": JAVA_ANY_FRAME_HARNESS.format(package=PACKAGE, cls="FaceDetector")},
+        tmp_path)
     args = []
     for (h, w), rgb in [*pictures.items(), ((92, 160), synthetic_picture(92, 160))]:
         (tmp_path / f"rgb{h}.bin").write_bytes(rgb.tobytes())
         args += [str(h), str(w), tmp_path / f"rgb{h}.bin"]
-    out = java([tmp_path / "api", classes, stubs], "RunAnyFrame", host / manifest.artifacts["device_library"].path,
-               *args, library_path=[str(jni.parent), *libs], ld_path=libs)
+    out = java(classpath, "RunAnyFrame", host / manifest.artifacts["device_library"].path, *args,
+               library_path=library_path, ld_path=libs)
     lines = out.stdout.strip().splitlines()
     index = [t.name for t in manifest.outputs].index("classificators")
     for line, rgb in zip(lines[:2], pictures.values()):
