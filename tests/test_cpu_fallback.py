@@ -271,3 +271,26 @@ def test_silero_vad_opset_15_runs_on_vulkan_with_its_int64_on_the_cpu(lavapipe, 
     outputs = vulkan_c_runner_outputs(build, tmp_path, inputs)
     for spec, actual, want in zip(manifest.outputs, outputs, expected):
         assert compare(spec.name, actual, want, 1e-4, 1e-3).passed, spec.name
+
+
+def test_a_static_c_bundle_runs_both_devices_of_the_program(tmp_path):
+    """No Python, no dlopen: the static runner of a C bundle (the program's CPU kernels and the OpenCL plug-in
+    linked in) on this machine's OpenCL device, for a profile without 64-bit floats (x86-64-opencl with
+    ``[limits] fp64 = false``, a profile file): the doubles on the CPU, the product on PoCL, as ONNX Runtime."""
+    from edgepack.packaging.c import package_c, run_bundle
+
+    plugin_with_a_device("opencl")
+    text = (Path(__file__).resolve().parent.parent / "device_profiles" / "x86-64-opencl.toml").read_text()
+    assert "buffer_size = 134217728\n" in text
+    profile = tmp_path / "no-fp64.toml"
+    profile.write_text(text.replace('name = "x86-64-opencl"', 'name = "x86-64-opencl-no-fp64"')
+                       .replace("buffer_size = 134217728\n", "buffer_size = 134217728\nfp64 = false\n"))
+    model = onnx_doubles(tmp_path / "doubles.onnx")
+    build = compile_model(model, str(profile), tmp_path / "b").output_dir
+    assert read_manifest(build).extra["opencl"]["cpu_operators"]
+    bundle = package_c(build, tmp_path / "c")
+    x = np.random.default_rng(4).standard_normal((2, 16)).astype(np.float32)
+    expected = run_reference(model, "onnx", {"x": x}, read_manifest(build).outputs)
+    for static in (True, False):
+        outputs = run_bundle(bundle.output_dir, {"x": x}, emulate=False, static=static).outputs
+        assert compare("y", outputs[0], expected[0], 1e-4, 1e-3).passed, static

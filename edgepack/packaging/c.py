@@ -238,8 +238,7 @@ def run_bundle(bundle_dir: Path | str, inputs: Path | str | dict[str, np.ndarray
         feeds = check_inputs(inputs, bundle.inputs)
     else:
         feeds = load_inputs(Path(inputs), bundle.inputs)
-    profile = get_profile(bundle.profile)
-    prefix = emulator_command(profile) if emulate else []
+    prefix = emulator_command(get_profile(bundle.profile)) if emulate else []  # (a profile file's name is not known)
     runner = bundle.static_runner if static else bundle.runner
     library = None if static else bundle.output_dir / "lib" / "model.so"
     result = run_c_runner(prefix, runner, library, feeds, bundle.inputs, bundle.outputs)
