@@ -94,7 +94,8 @@ def compile_(
     gpu_only: Annotated[bool, typer.Option(
         "--gpu-only",
         help="GPU profiles: refuse a model with operators the GPU cannot run exactly (64-bit integers on Vulkan, "
-             "scans in WGSL) instead of running them on the device's CPU in the same program.")] = False,
+             "64-bit floats where the GPU has none, scans in WGSL, kernels without a GPU schedule) instead of "
+             "running them on the device's CPU in the same program.")] = False,
     bundle: Annotated[str | None, typer.Option("--bundle", help="Also package the build: 'c' writes DIR-c/.")] = None,
     preprocess: Annotated[list[str] | None, typer.Option(
         "--preprocess", metavar="NAME=image:FORMAT,...|FILE.toml",
