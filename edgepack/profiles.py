@@ -76,11 +76,11 @@ def parse_limits(data: dict[str, Any] | None, where: str = "") -> GpuLimits | No
         return None
     unknown = sorted(set(data) - set(LIMIT_KEYS) - {"fp64"})
     bad = sorted(k for k, v in data.items() if k in LIMIT_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0))
-    bad += ["fp64"] if "fp64" in data and not isinstance(data["fp64"], bool) else []
-    if unknown or bad:
+    if unknown or bad or ("fp64" in data and not isinstance(data["fp64"], bool)):
         raise ProfileError(
             f"The [limits] table{where} has " + (f"unknown keys {', '.join(unknown)}" if unknown else
-                                                f"values of the wrong type: {', '.join(bad)}") + ".",
+                                                f"values that are not positive integers: {', '.join(bad)}" if bad
+                                                else f"fp64 = {data['fp64']!r}, not true or false") + ".",
             "[limits] takes " + ", ".join(f"{k} ({what})" for k, (what, _) in LIMIT_KEYS.items())
             + " as positive integers, and fp64 (true or false: whether the GPU computes in 64-bit floats).")
     return GpuLimits(**data)

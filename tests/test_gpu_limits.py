@@ -74,7 +74,9 @@ def model(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", GPU_PROFILES)
 def test_every_gpu_profile_states_its_limits_and_its_target_follows_them(name):
     profile = get_profile(name)
-    assert profile.limits is not None and set(profile.limits.to_dict()) == set(LIMIT_KEYS), name
+    assert profile.limits is not None and set(profile.limits.to_dict()) - {"fp64"} == set(LIMIT_KEYS), name
+    # phones' GPUs have no 64-bit floats (cl_khr_fp64): their float64 operators run on the CPU (test_cpu_fallback)
+    assert profile.limits.fp64 is (False if name in ("mali-g610", "android-mali", "adreno-6xx") else None), name
     assert profile.target["max_shared_memory_per_block"] <= profile.limits.workgroup_memory
     assert profile.target["max_num_threads"] <= profile.limits.invocations
     before = profile.source.read_text().split("\n[limits]")[0].splitlines()
@@ -93,6 +95,9 @@ def test_a_malformed_limits_table_is_refused():
         parse_profile(base | {"limits": {"storage_bufers": 8}})
     with pytest.raises(ProfileError, match="not positive integers: workgroup_memory"):
         parse_profile(base | {"limits": {"workgroup_memory": "16k"}})
+    with pytest.raises(ProfileError, match="fp64 = 'no', not true or false"):
+        parse_profile(base | {"limits": {"fp64": "no"}})
+    assert parse_profile(base | {"limits": {"fp64": False}}).limits.fp64 is False
     with pytest.raises(ProfileError, match="max_num_threads = 512, more than its .limits. invocations = 256"):
         parse_profile(base | {"target": {"kind": "opencl", "max_num_threads": 512}, "limits": {"invocations": 256}})
     within = parse_profile(base | {"limits": {"invocations": 128, "workgroup_memory": 8192}})
