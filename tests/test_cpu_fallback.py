@@ -208,6 +208,32 @@ def test_float64_operators_run_on_the_cpu_where_the_gpu_has_no_64_bit_floats(cro
     assert "scale_double" in err.value.message and "--gpu-only" in err.value.hint
 
 
+def test_uint64_operators_run_on_the_cpu_for_vulkan(lavapipe, cross_compiler, tmp_path):
+    """uint64 (which the int64 pass does not narrow) on the CPU: a left shift and a comparison of values past
+    2^32 match ONNX Runtime on lavapipe (before: TVM's 'CodeGenWebGPU: do not support u64', named by kernel)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    nodes = [helper.make_node("BitShift", ["a", "b"], ["shifted"], direction="LEFT", name="shift_u64"),
+             helper.make_node("GreaterOrEqual", ["shifted", "a"], ["ge"], name="compare_u64"),
+             helper.make_node("Cast", ["ge"], ["y"], to=T.FLOAT, name="to_float")]
+    graph = helper.make_graph(nodes, "u64", [helper.make_tensor_value_info("a", T.UINT64, [4]),
+                                             helper.make_tensor_value_info("b", T.UINT64, [4])],
+                              [helper.make_tensor_value_info("shifted", T.UINT64, [4]),
+                               helper.make_tensor_value_info("y", T.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "u64.onnx"))
+    build = tmp_path / "b"
+    compile_model(tmp_path / "u64.onnx", PROFILE, build)
+    assert {op.split(" ")[0] for op in read_manifest(build).extra["vulkan"]["cpu_operators"]} >= {"shift_u64",
+                                                                                                  "compare_u64"}
+    inputs = {"a": np.array([3, 2**40 + 5, 2**63 + 1, 7], np.uint64), "b": np.array([33, 1, 1, 0], np.uint64)}
+    report = validate(build, "host-vulkan", inputs=inputs)
+    assert report.passed, report
+
+
 @pytest.mark.parametrize("backend", ["vulkan", "opencl"])
 def test_a_kernel_no_gpu_rule_schedules_runs_on_the_cpu(tmp_path, backend):
     """A kernel (an opaque block) no dlight rule binds to threads: TVM would compile it as host code handed the

@@ -330,13 +330,13 @@ def test_opencl_keeps_int64():
 
 
 def test_what_the_pass_does_not_cover_is_named_by_kernel():
-    """uint64 is not narrowed: the code generator stops, and the error names the fused kernel and
-    its 64-bit buffers instead of TVM's bare 'do not support'."""
+    """uint64 is not narrowed: with --gpu-only (else it runs on the CPU: test_cpu_fallback) the code generator
+    stops, and the error names the fused kernel and its 64-bit buffers instead of TVM's bare 'do not support'."""
     from tvm import relax
 
     tiny = tiny_module(lambda x: relax.op.add(x, x), [((3,), "uint64")], "u64.onnx")
     with pytest.raises(CompileError, match="64-bit integers") as err:
-        VULKAN.build(tiny, _target())
+        VULKAN.build(tiny, _target(), gpu_only=True)
     assert "add (x0 uint64" in err.value.message, err.value.message
 
 

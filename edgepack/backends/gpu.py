@@ -29,15 +29,15 @@ from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_op
 from edgepack.backends.placement import (
     cpu_bindings,
     cpu_functions,
-    double_bindings,
+    dtype_bindings,
     place_on_cpu,
     unscheduled_to_cpu,
 )
 from edgepack.backends.program_sizes import measuring
 from edgepack.backends.relax_exprs import is_cpu_target, names_of
 from edgepack.backends.schedule_limits import buffer_bytes, over_limits, workgroup_memory
-from edgepack.backends.sized_records import records_at_size
 from edgepack.backends.scheduling import note_tuned_pass, recording_schedule_pass, rule_name
+from edgepack.backends.sized_records import records_at_size
 from edgepack.errors import CompileError, EdgepackError, ToolchainError, first_line
 from edgepack.frontends.types import ImportedModel
 from edgepack.manifest import BuildManifest
@@ -498,7 +498,7 @@ class GpuBackend(Backend):
         has no 64-bit floats (``limits.fp64``)."""
         found = {} if self.topi_scans else scan_bindings(mod)
         if not limits.fp64:
-            found |= double_bindings(mod, f"64-bit floats, which {self.no_doubles}")
+            found |= dtype_bindings(mod, "float64", f"64-bit floats, which {self.no_doubles}")
         return found
 
     #: why a GPU without 64-bit floats has none, for messages

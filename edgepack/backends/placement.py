@@ -2,7 +2,7 @@
 
 A GPU target cannot run everything a model holds exactly: WGSL has no 64-bit integers (a value the int64
 pass cannot narrow, ``backends/int64``) nor floats, Mali's and Adreno's OpenCL no 64-bit floats
-(``double_bindings``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``), and a kernel may get no GPU
+(``dtype_bindings``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``), and a kernel may get no GPU
 schedule at all. ONNX Runtime's execution providers and LiteRT's GPU delegate run such operators on the CPU;
 so does edgepack:
 
@@ -85,9 +85,32 @@ def cone(func, names: set[str]) -> set[str] | None:
     return found
 
 
-def double_bindings(mod, why: str) -> dict[str, str]:
+def readers(func, where: dict[str, str], dtypes: tuple[str, ...], why: str) -> dict[str, str]:
+    """``where`` with, again and again, each top-level binding that reads a value of ``dtypes`` which a binding of
+    ``where`` computes: a GPU that cannot store such a tensor (WGSL: bool, 8- and 16-bit) gets none from the
+    CPU, its readers run there too."""
+    from tvm import relax
+
+    where = dict(where)
+    changed = True
+    while changed:
+        changed = False
+        for name, binding in top_level(func).items():
+            if name in where:
+                continue
+            value = binding.value
+            operands = list(value.args) if isinstance(value, relax.Call) else [value]
+            fields = [f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+            if any(isinstance(f, relax.Var) and f.name in where and any(_has_dtype(f, d) for d in dtypes)
+                   for f in fields):
+                where[name] = why
+                changed = True
+    return where
+
+
+def dtype_bindings(mod, dtype: str, why: str) -> dict[str, str]:
     """``{variable: why}`` of the bindings of ``mod``'s ``main`` (outside If arms) that compute, read or make
-    a float64 tensor."""
+    a tensor of ``dtype`` ("float64": a GPU without 64-bit floats; "uint64": WGSL)."""
     from tvm import relax
 
     found = {}
@@ -95,18 +118,18 @@ def double_bindings(mod, why: str) -> dict[str, str]:
         value = binding.value
         operands = list(value.args) if isinstance(value, relax.Call) else []
         fields = [f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
-        if any(_is_double(e) for e in [binding.var, *fields]):
+        if any(_has_dtype(e, dtype) for e in [binding.var, *fields]):
             found[name] = why
     return found
 
 
-def _is_double(expr) -> bool:
+def _has_dtype(expr, dtype: str) -> bool:
     from tvm import relax
 
     ty = getattr(expr, "ty", None)
     if isinstance(ty, relax.TupleType):
-        return any(str(getattr(t, "dtype", "")) == "float64" for t in ty.fields)
-    return dtype_of(expr) == "float64"
+        return any(str(getattr(t, "dtype", "")) == dtype for t in ty.fields)
+    return dtype_of(expr) == dtype
 
 
 def _is_wide(expr) -> bool:
@@ -309,5 +332,14 @@ def cpu_bindings(mod) -> dict[str, str]:
     return found
 
 
-__all__ = ["PLACED_ATTR", "cone", "cpu_bindings", "cpu_functions", "double_bindings", "place_on_cpu", "placed",
-           "unscheduled_to_cpu"]
+__all__ = [
+    "PLACED_ATTR",
+    "cone",
+    "cpu_bindings",
+    "cpu_functions",
+    "dtype_bindings",
+    "place_on_cpu",
+    "placed",
+    "readers",
+    "unscheduled_to_cpu",
+]

@@ -26,7 +26,7 @@ from typing import Any
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of, unwrapped_refusal, with_module
 from edgepack.backends.int64 import Int64Refused, int64_kernels, narrow_int64, simplify_int64, target_lacks_int64
-from edgepack.backends.placement import cone, place_on_cpu
+from edgepack.backends.placement import cone, dtype_bindings, place_on_cpu, readers
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
 from edgepack.backends.wgsl_bools import hold_bools_in_32, unwidened_buffers
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32
@@ -40,6 +40,8 @@ from edgepack.progress import Progress
 from edgepack.toolchain.plugins import PluginRecipe
 from edgepack.toolchain.wgpu_native import WGPU_LIBRARY, WGPU_NATIVE_VERSION, wgpu_native
 
+NARROW_TYPES = ("bool", "int8", "uint8", "int16", "uint16")
+UINT64_ON_CPU = "64-bit unsigned integers, which WGSL does not have (the int64 pass narrows only int64)"
 DEVICE_TYPE = 15  # kDLWebGPU: what TVM's webgpu host code allocates on
 
 _MARKER = re.compile(r"(?m)^// Function: (\S+)\s*$")
@@ -221,11 +223,14 @@ class VulkanBackend(GpuBackend):
         if not target_lacks_int64(target):
             return super().prepare(imported, target, limits, gpu_only=gpu_only)
         mod = simplify_int64(imported.mod)  # constants folded first: a folded value has no device to follow
-        where = self.cpu_operators(mod, limits)
+        where = self.cpu_operators(mod, limits) | dtype_bindings(mod, "uint64", UINT64_ON_CPU)
         if gpu_only:
-            self.refuse_cpu_operators(name, mod, where)
+            self.refuse_cpu_operators(name, mod, where)  # uint64: refused by the code generator, naming kernels
             where = {}
         while True:
+            # a value WGSL cannot store (bool, 8- and 16-bit) computed on the CPU: its readers too
+            where = readers(mod["main"], where, NARROW_TYPES, "it reads a value the CPU computes in a type WGSL "
+                            "cannot store") if where else where
             placed = place_on_cpu(mod, where, target) if where else mod
             try:
                 return with_module(imported, narrow_int64(placed, model=name, simplified=True))
