@@ -126,3 +126,26 @@ def test_cpu_aar_has_no_gpu_plugin(stand_in_ndk, models, tmp_path):
     _cli("package", "android", str(build), "-o", str(out), "--package", "com.example.cpu", "--ndk", str(stand_in_ndk))
     with zipfile.ZipFile(next(out.glob("*.aar"))) as z:
         assert not [n for n in z.namelist() if "libtvm_opencl" in n or "libtvm_vulkan" in n]
+
+
+def test_an_aar_carries_the_cpu_kernels_of_a_program_with_a_cpu_fallback(stand_in_ndk, tmp_path):
+    """android-mali has no 64-bit floats (``[limits] fp64 = false``): a model's double operators run on the
+    phone's CPU in the same program, so the AAR's arm64 model library holds their kernels as host code beside the
+    OpenCL kernels, which hold no double."""
+    import json
+
+    from model_factory import onnx_doubles
+
+    build = tmp_path / "build"
+    _cli("compile", str(onnx_doubles(tmp_path / "doubles.onnx")), "--profile", "android-mali", "--precision", "fp32",
+         "--ndk", str(stand_in_ndk), "-o", str(build))
+    extra = json.loads((build / "manifest.json").read_text())["extra"]["opencl"]
+    assert extra["cpu_fallback"] and extra["cpu_operators"], extra
+    assert "double" not in (build / "device" / "kernels.cl").read_text()
+    out = tmp_path / "dist"
+    _cli("package", "android", str(build), "-o", str(out), "--package", "com.example.doubles", "--class-name", "Scaled",
+         "--ndk", str(stand_in_ndk))
+    with zipfile.ZipFile(next(out.glob("*.aar"))) as z:
+        library = z.read("jni/arm64-v8a/libedgepack_model_scaled.so")
+    assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == EM_AARCH64
+    assert all(name.encode() in library for name in extra["cpu_fallback"]), extra["cpu_fallback"]
