@@ -3,7 +3,7 @@ after fusion; and what a GPU build's kernels are, with their launch sizes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,12 @@ class BuildInputsOutputs:
     dims: tuple[str, ...] = ()  # the dimensions that change at run time, as --dim values ("W=32..1280")
     library: LibrarySizes | None = None
     precision: str = "fp32"  # what its float tensors are stored and computed in (compile --precision)
+    #: a GPU build's operators that run on the device's CPU ({ONNX node (variable): why}; backends/placement.py)
+    cpu_operators: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"build_dir": str(self.build_dir), "profile": self.profile, "precision": self.precision,
+                "cpu_operators": dict(self.cpu_operators),
                 "library": self.library.to_dict() if self.library else None,
                 "inputs": [t.to_dict() | ({"processing": self.described[t.name]} if t.name in self.described else {})
                            for t in self.inputs],
@@ -104,7 +107,8 @@ def inspect(model: Path | str, *, ir: bool = False, input_shapes: dict[str, Shap
         build = BuildInputsOutputs(build_dir, manifest.profile_name, manifest.inputs, manifest.outputs, described,
                                    tuple(s.spec() for s in plan.settings) if plan else (),
                                    tuple(str(r) for r in dims_from_dict(manifest.dims).values()),
-                                   LibrarySizes.of(manifest), manifest.precision)
+                                   LibrarySizes.of(manifest), manifest.precision,
+                                   dict((manifest.extra.get(backend_for(manifest).name) or {}).get("cpu_operators") or {}))
         shapes = input_shapes or model_input_shapes(manifest)
         info = inspect_model(build_dir / manifest.model_file)
         if not ir:

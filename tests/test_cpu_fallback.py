@@ -173,7 +173,7 @@ def test_gpu_only_refuses_by_name_and_writes_nothing(tmp_path):
     assert_clean_error(result, "64-bit integers", "--gpu-only")
 
 
-def test_the_compile_summary_and_json_say_what_runs_on_the_cpu(cross_compiler, tmp_path):
+def test_the_compile_summary_inspect_and_json_say_what_runs_on_the_cpu(cross_compiler, tmp_path):
     model = _timestamps(tmp_path / "timestamps.onnx")
     text = run_cli("compile", str(model), "-p", PROFILE, "-o", str(tmp_path / "a"), check=True).stdout
     assert "CPU fallback:" in text and "div_ms" in text and "--gpu-only" in text, text
@@ -181,6 +181,10 @@ def test_the_compile_summary_and_json_say_what_runs_on_the_cpu(cross_compiler, t
                               check=True).stdout)
     placed = {op.split(" ")[0] for op in data["extra"]["vulkan"]["cpu_operators"]}
     assert CPU_NODES <= placed, data["extra"]["vulkan"]["cpu_operators"]
+    shown = run_cli("inspect", str(tmp_path / "a"), check=True).stdout  # inspect BUILD says so too
+    assert "on the device's CPU" in shown and "div_ms" in shown, shown
+    inspected = json.loads(run_cli("inspect", str(tmp_path / "a"), "--json", check=True).stdout)["build"]
+    assert CPU_NODES <= {op.split(" ")[0] for op in inspected["cpu_operators"]}
 
 
 @pytest.mark.parametrize(("profile", "place", "source"), [("vulkan-generic", "host-vulkan", "f64"),

@@ -125,6 +125,9 @@ def build_program(build) -> None:
     for dim in build.dims:
         console.print(f"  runs at every size {escape(dim)} (one program; '?' output extents follow it)", highlight=False)
     console.print(f"  precision: {_precision(build.precision)}", highlight=False)
+    if build.cpu_operators:
+        console.print(f"  on the device's CPU (no exact GPU form): {escape(', '.join(build.cpu_operators))}",
+                      highlight=False)
     for what, text in library_lines(build.library) if build.library else ():
         console.print(f"  {what}: {text}", highlight=False)
 
