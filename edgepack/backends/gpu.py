@@ -193,7 +193,7 @@ def gpu_tuning_passes(target, max_buffers: int | None = None) -> list:
 
 def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None, max_buffers: int | None = None,
                   backend_passes: Sequence[Any] = (), measured: dict | None = None,
-                  passed_over: dict[str, str] | None = None, gpu_only: bool = True):
+                  passed_over: dict[str, str] | None = None, gpu_only: bool = False):
     """TVM's default Relax pipeline for ``target`` (the same passes ``tvm.compile`` would use),
     with every dlight ``ApplyDefaultSchedule`` replaced by a recording copy with the same rules.
 
@@ -486,28 +486,30 @@ class GpuBackend(Backend):
         (e.g. Vulkan: int64 tensors narrowed to int32); may refuse it with a CompileError. The operators the
         GPU cannot run (``cpu_operators``) are placed on the device's CPU (``placement.py``); with
         ``gpu_only`` they are refused by name."""
-        where = self.cpu_operators(imported.mod, limits)
         if gpu_only:
-            self.refuse_cpu_operators(imported.info.path.name, imported.mod, where)
+            self.refuse_cpu_operators(imported.info.path.name, imported.mod, limits)
             return imported
+        where = self.cpu_operators(imported.mod, limits)
         return with_module(imported, place_on_cpu(imported.mod, where, target)) if where else imported
 
     def cpu_operators(self, mod, limits: GpuLimits) -> dict[str, str]:
         """``{variable: why}`` of the bindings of ``mod``'s ``main`` this backend's GPU cannot run: the scans
         where TVM's scan kernels are wrong in its language (``gpu_scans.py``); float64 operators where the GPU
         has no 64-bit floats (``limits.fp64``)."""
-        found = {} if self.topi_scans else scan_bindings(mod)
-        if not limits.fp64:
-            found |= dtype_bindings(mod, "float64", f"64-bit floats, which {self.no_doubles}")
-        return found
+        return ({} if self.topi_scans else scan_bindings(mod)) | self._doubles(mod, limits)
+
+    def _doubles(self, mod, limits: GpuLimits) -> dict[str, str]:
+        """The float64 operators of ``mod``'s ``main`` where the GPU has no 64-bit floats (``limits.fp64``)."""
+        return {} if limits.fp64 else dtype_bindings(mod, "float64", f"64-bit floats, which {self.no_doubles}")
 
     #: why a GPU without 64-bit floats has none, for messages
     no_doubles: ClassVar[str] = "this GPU does not have"
 
-    def refuse_cpu_operators(self, name: str, mod, where: dict[str, str]) -> None:
-        """With ``--gpu-only``: a CompileError naming the operators ``cpu_operators`` found (the scans are
-        refused by their own pass, ``gpu_scans.py``)."""
-        doubles = {var: why for var, why in where.items() if why.startswith("64-bit floats")}
+    def refuse_cpu_operators(self, name: str, mod, limits: GpuLimits) -> None:
+        """With ``--gpu-only``: a CompileError naming the float64 operators of a GPU without 64-bit floats (the
+        scans are refused by their own pass, ``gpu_scans.py``; 64-bit integers by the int64 pass or the code
+        generator)."""
+        doubles = self._doubles(mod, limits)
         if not doubles:
             return
         names = names_of(mod["main"])

@@ -223,10 +223,9 @@ class VulkanBackend(GpuBackend):
         if not target_lacks_int64(target):
             return super().prepare(imported, target, limits, gpu_only=gpu_only)
         mod = simplify_int64(imported.mod)  # constants folded first: a folded value has no device to follow
-        where = self.cpu_operators(mod, limits) | dtype_bindings(mod, "uint64", UINT64_ON_CPU)
         if gpu_only:
-            self.refuse_cpu_operators(name, mod, where)  # uint64: refused by the code generator, naming kernels
-            where = {}
+            self.refuse_cpu_operators(name, mod, limits)
+        where = {} if gpu_only else self.cpu_operators(mod, limits)
         while True:
             # a value WGSL cannot store (bool, 8- and 16-bit) computed on the CPU: its readers too
             where = readers(mod["main"], where, NARROW_TYPES, "it reads a value the CPU computes in a type WGSL "
@@ -240,6 +239,10 @@ class VulkanBackend(GpuBackend):
                     raise
                 for var in sorted(more - where.keys()):
                     where[var] = refused.reasons.get(var, "it computes an int64 value an operator on the CPU reads")
+
+    def cpu_operators(self, mod, limits: GpuLimits) -> dict[str, str]:
+        """The GPU backends' (scans, float64), and uint64 operators: the int64 pass narrows only int64."""
+        return super().cpu_operators(mod, limits) | dtype_bindings(mod, "uint64", UINT64_ON_CPU)
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         text = f"{exc.__cause__ or ''} {exc.message}"
