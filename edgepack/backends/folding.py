@@ -20,6 +20,9 @@ import tempfile
 from edgepack.tensors import worth_storing
 
 MAX_ROUNDS = 8  # chains of kernels on constants (transpose, then reshape...) are short
+#: a kernel (PrimFunc attribute) that runs at run time even on constants: it unpacks weights stored smaller
+#: than the kernels read them (``wgsl_bytes.py``), and folding would store them large again
+UNFOLDED = "edgepack.unfolded"
 
 
 def worth_folding(call, args: list) -> bool:
@@ -110,7 +113,7 @@ def fold_constant_calls():
                         args = resolve(value.args[1])
                         kernel = value.args[0]
                         if kernel not in runnable:
-                            runnable[kernel] = runs_here(mod[kernel])
+                            runnable[kernel] = runs_here(mod[kernel]) and UNFOLDED not in (mod[kernel].attrs or {})
                         if args is not None and worth_folding(value, args) and runnable[kernel]:
                             found.append((value, args))
                         continue

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ LARGEST = 3  # constants named one by one
 
 @dataclass(frozen=True)
 class ConstantSizes:
-    bytes: int  # all constant tensors of the program, each counted once
+    bytes: int  # all constant tensors of the program, each value counted once
     count: int
     largest: tuple[tuple[str, tuple[int, ...], int], ...]  # (dtype, shape, bytes), largest first
 
@@ -40,7 +41,7 @@ def constant_sizes(mod) -> ConstantSizes:
     import tvm
     from tvm import relax
 
-    found: dict[int, tuple[str, tuple[int, ...], int]] = {}
+    found: dict[tuple, tuple[str, tuple[int, ...], int]] = {}
 
     def visit(expr) -> None:
         if isinstance(expr, tvm.ir.GenericConst):
@@ -48,7 +49,10 @@ def constant_sizes(mod) -> ConstantSizes:
             if hasattr(value, "shape") and hasattr(value, "dtype"):
                 shape = tuple(int(d) for d in value.shape)
                 dtype = str(value.dtype)
-                found[hash(expr)] = (dtype, shape, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+                # by content: the importer and the passes make equal constants (an LSTM's weights, once per
+                # step) that the executable stores once
+                key = (dtype, shape, hashlib.sha1(value.numpy().tobytes()).hexdigest())
+                found[key] = (dtype, shape, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from edgepack.backends.folding import UNFOLDED
 from edgepack.backends.relax_exprs import dtype_of, op_name, static_shape
 from edgepack.errors import CompileError
 
@@ -125,6 +126,21 @@ def _unpack(shape: tuple[int, ...], dtype: str):
         return te.compute(shape, value, name="unpack_bytes")
 
     return compute
+
+
+def unpack_constant(bb, value):
+    """The int32 values of the 8-bit constant ``value`` (a NumPy array), stored as its int32 words (a quarter
+    of the bytes its int32 values take) and unpacked by a kernel emitted through ``bb``. The kernel runs
+    at run time: constant folding leaves it (``folding.UNFOLDED``)."""
+    import numpy as np
+    from tvm import relax
+
+    flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    words = np.zeros(-(-flat.size // 4) * 4, np.uint8)
+    words[:flat.size] = flat
+    packed = relax.const(words.view("<i4").astype(np.int32), "int32")
+    return bb.emit(bb.call_te(_unpack(tuple(value.shape), str(value.dtype)), packed, primfunc_name_hint="unpack_bytes",
+                              primfunc_attrs={"op_pattern": INJECTIVE, UNFOLDED: True}), name_hint="weights_i32")
 
 
 def _pack(size: int):
