@@ -324,3 +324,134 @@ def test_a_static_c_bundle_runs_both_devices_of_the_program(tmp_path):
     for static in (True, False):
         outputs = run_bundle(bundle.output_dir, {"x": x}, emulate=False, static=static).outputs
         assert compare("y", outputs[0], expected[0], 1e-4, 1e-3).passed, static
+
+
+# ----------------------------------------------------------------------------------------------
+# operators of a data-dependent shape (NonZero, Unique) and NMS: TVM runs them on the CPU
+
+
+def _masked_rows(path: Path) -> Path:
+    """A float network with real (seeded) weights whose output's shape depends on its input: ``h = x W``
+    (GPU), ``idx = NonZero(h > 0)`` (the CPU: TVM's runtime function), the positive values gathered by
+    ``idx`` and doubled (GPU), and ``idx`` itself (int64) out."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 12)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(2, np.float32), "two")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"),
+             helper.make_node("Greater", ["h", "zero"], ["positive"], name="positive"),
+             helper.make_node("NonZero", ["positive"], ["idx"], name="nonzero"),
+             helper.make_node("Transpose", ["idx"], ["at"], perm=[1, 0], name="transpose"),
+             helper.make_node("GatherND", ["h", "at"], ["values"], name="gather"),
+             helper.make_node("Mul", ["values", "two"], ["doubled"], name="double")]
+    graph = helper.make_graph(nodes, "masked_rows", [helper.make_tensor_value_info("x", T.FLOAT, [6, 16])],
+                              [helper.make_tensor_value_info("doubled", T.FLOAT, [None]),
+                               helper.make_tensor_value_info("idx", T.INT64, [2, None])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("profile", "place"), [("vulkan-generic", "host-vulkan"), ("mali-g610", "host-opencl")])
+def test_nonzero_runs_on_the_cpu_between_gpu_kernels(cross_compiler, tmp_path, profile, place):
+    """TVM's NonZero is a runtime function that reads its operand as host memory: on a GPU build it read the
+    GPU's buffer (PoCL's is host memory, so it passed there by chance; a phone's driver would crash, as the
+    mask of a real GPU does). It now runs on the CPU, the matrix product on the GPU (on Vulkan the comparison
+    whose mask it reads and the gather of its int64 indices run on the CPU too: WGSL has neither bool buffers nor
+    int64, and the int64 pass reads no int64 tensor of a run-time shape), and the outputs, of a shape that
+    depends on the input, match ONNX Runtime on this machine's GPU for several inputs. --gpu-only refuses it
+    by ONNX node."""
+    backend = get_backend(get_profile(profile).backend)
+    plugin_with_a_device(backend.name)
+    model = _masked_rows(tmp_path / "masked.onnx")
+    build = tmp_path / "b"
+    compile_model(model, profile, build)
+    placed = {op.split(" ")[0] for op in read_manifest(build).extra[get_profile(profile).backend]["cpu_operators"]}
+    assert "nonzero" in placed and "matmul" not in placed, placed
+    sizes = set()
+    for seed in (0, 1, 2):
+        report = validate(build, place, seed=seed)
+        assert report.passed and not report.degenerate, report
+        sizes.add(tuple(report.outputs[1].shape))
+    assert len(sizes) > 1, sizes  # the inputs gave outputs of different shapes
+    with pytest.raises(CompileError, match="depends on the values") as err:
+        compile_model(model, profile, tmp_path / "refused", gpu_only=True)
+    assert "nonzero" in err.value.message and "--gpu-only" in err.value.hint
+
+
+def test_nonzero_in_the_c_runner_on_vulkan(lavapipe, cross_compiler, tmp_path):
+    """The C API's own NonZero (``ep_run_nonzero``, no Python) on the CPU side of a Vulkan build: the C runner's
+    outputs match ONNX Runtime on lavapipe."""
+    model = _masked_rows(tmp_path / "masked.onnx")
+    build = tmp_path / "b"
+    compile_model(model, PROFILE, build)
+    manifest = read_manifest(build)
+    x = np.random.default_rng(4).standard_normal((6, 16)).astype(np.float32)
+    expected = run_reference(model, manifest.model_format, {"x": x}, manifest.outputs)
+    actual = vulkan_c_runner_outputs(build, tmp_path / "c", {"x": x})
+    for spec, got, want in zip(manifest.outputs, actual, expected):
+        assert got.shape == want.shape, spec.name
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=spec.name)
+
+
+def _nms(path: Path) -> Path:
+    """ONNX NonMaxSuppression of 2 classes over 10 boxes, at most 3 boxes per class, the boxes made by a
+    seeded linear layer from the input (so they depend on it); its selected indices (int64) out."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.uniform(0, 1, (4, 4)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array([3], np.int64), "max_boxes"),
+             numpy_helper.from_array(np.array([0.3], np.float32), "iou"),
+             numpy_helper.from_array(np.array([0.2], np.float32), "min_score")]
+    nodes = [helper.make_node("MatMul", ["corners", "W"], ["boxes"], name="boxes"),
+             helper.make_node("Sigmoid", ["logits"], ["scores"], name="scores"),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes", "iou", "min_score"], ["selected"],
+                              name="nms")]
+    graph = helper.make_graph(nodes, "nms", [helper.make_tensor_value_info("corners", T.FLOAT, [1, 10, 4]),
+                                             helper.make_tensor_value_info("logits", T.FLOAT, [1, 2, 10])],
+                              [helper.make_tensor_value_info("selected", T.INT64, [None, 3])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_nms_runs_on_the_cpu_for_vulkan(lavapipe, cross_compiler, monkeypatch, tmp_path):
+    """TVM's NMS kernel computes in int64 inside (WGSL has none: it was refused naming that kernel): it runs on
+    the CPU with the small kernels its legalisation makes, the boxes on the GPU, and its selection matches
+    ONNX Runtime on lavapipe. A wrong build fails: copying its constant operands to the CPU before
+    legalisation (as the placement first did) hides the maximum box count from TVM's legaliser, which then
+    keeps every box."""
+    import tvm
+    from tvm import relax
+
+    from edgepack.backends import placement
+
+    model = _nms(tmp_path / "nms.onnx")
+    build = tmp_path / "b"
+    compile_model(model, PROFILE, build)
+    assert "nms" in {op.split(" ")[0] for op in read_manifest(build).extra["vulkan"]["cpu_operators"]}
+    for seed in (0, 1):
+        report = validate(build, "host-vulkan", seed=seed)
+        assert report.passed and report.outputs[0].shape[0] > 0, report
+
+    on = placement._Placer.on
+
+    def copied_first(self, expr, side):
+        new = on(self, expr, side)
+        if side == "cpu" and isinstance(new, tvm.ir.GenericConst):
+            return self.bb.emit(relax.op.to_vdevice(new, self.cpu))
+        return new
+
+    monkeypatch.setattr(placement._Placer, "on", copied_first)
+    compile_model(model, PROFILE, tmp_path / "wrong")
+    report = validate(tmp_path / "wrong", "host-vulkan", seed=0)
+    assert not report.passed, report

@@ -27,9 +27,12 @@ from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans, scan_bindings
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
 from edgepack.backends.placement import (
+    DATA_DEPENDENT,
     cpu_bindings,
     cpu_functions,
     dtype_bindings,
+    legalized_on_cpu,
+    operator_bindings,
     place_on_cpu,
     unscheduled_to_cpu,
 )
@@ -49,6 +52,7 @@ from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target
 HOST_TARGET = {"kind": "llvm"}
 CPU_RULE = "cpu"  # what the schedule record says of a function placed on the device's CPU
 NO_RULE_CPU = "cpu (no GPU schedule)"  # ... and of one there because no GPU rule scheduled it
+DATA_DEPENDENT_ON_CPU = "its output's shape depends on the values: TVM's runtime computes it on the CPU"
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,8 @@ def _legalize_passes(target, max_buffers: int | None) -> list:
     with target:  # the adreno passes read Target.current()
         for p in rp.legalize_passes(target):
             passes.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
+            if p.info.name == "LegalizeOps":  # constants and operand-less kernels of operators placed on the CPU
+                passes.append(legalized_on_cpu())
             if max_buffers is not None and p.info.name == "FuseOps":
                 passes.append(limit_kernel_buffers(max_buffers))
             if p.info.name == "FuseTIR":  # the kernels of operators placed on the CPU (placement.py)
@@ -495,8 +501,10 @@ class GpuBackend(Backend):
     def cpu_operators(self, mod, limits: GpuLimits) -> dict[str, str]:
         """``{variable: why}`` of the bindings of ``mod``'s ``main`` this backend's GPU cannot run: the scans
         where TVM's scan kernels are wrong in its language (``gpu_scans.py``); float64 operators where the GPU
-        has no 64-bit floats (``limits.fp64``)."""
-        return ({} if self.topi_scans else scan_bindings(mod)) | self._doubles(mod, limits)
+        has no 64-bit floats (``limits.fp64``); operators of a data-dependent shape (NonZero, Unique: TVM's
+        runtime computes them on the CPU, reading their operand as host memory)."""
+        return (({} if self.topi_scans else scan_bindings(mod)) | self._doubles(mod, limits)
+                | operator_bindings(mod, DATA_DEPENDENT, DATA_DEPENDENT_ON_CPU))
 
     def _doubles(self, mod, limits: GpuLimits) -> dict[str, str]:
         """The float64 operators of ``mod``'s ``main`` where the GPU has no 64-bit floats (``limits.fp64``)."""
@@ -509,16 +517,25 @@ class GpuBackend(Backend):
         """With ``--gpu-only``: a CompileError naming the float64 operators of a GPU without 64-bit floats (the
         scans are refused by their own pass, ``gpu_scans.py``; 64-bit integers by the int64 pass or the code
         generator)."""
-        doubles = self._doubles(mod, limits)
-        if not doubles:
-            return
         names = names_of(mod["main"])
-        shown = [f"{names[v]} ({v})" if v in names else v for v in list(doubles)[:6]]
-        raise CompileError(
-            f"{name} computes in 64-bit floats, which {self.no_doubles}: {', '.join(shown)}"
-            + (f" and {len(doubles) - 6} more" if len(doubles) > 6 else "") + ".",
-            "Compile it without --gpu-only (these operators then run on the device's CPU), or for a CPU profile "
-            "(rpi4), or export the model in float32.")
+
+        def shown(found: dict[str, str]) -> str:
+            listed = [f"{names[v]} ({v})" if v in names else v for v in list(found)[:6]]
+            return ", ".join(listed) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+
+        doubles = self._doubles(mod, limits)
+        if doubles:
+            raise CompileError(
+                f"{name} computes in 64-bit floats, which {self.no_doubles}: {shown(doubles)}.",
+                "Compile it without --gpu-only (these operators then run on the device's CPU), or for a CPU "
+                "profile (rpi4), or export the model in float32.")
+        dynamic = operator_bindings(mod, DATA_DEPENDENT, DATA_DEPENDENT_ON_CPU)
+        if dynamic:
+            raise CompileError(
+                f"{name} has operators whose output shape depends on the values (NonZero, Unique), which TVM "
+                f"computes on the CPU: {shown(dynamic)}.",
+                "Compile it without --gpu-only (these operators then run on the device's CPU, the rest on the "
+                "GPU), or for a CPU profile (rpi4).")
 
     # --- compiling
 

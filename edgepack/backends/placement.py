@@ -108,6 +108,29 @@ def readers(func, where: dict[str, str], dtypes: tuple[str, ...], why: str) -> d
     return where
 
 
+def writers(func, where: dict[str, str], dtypes: tuple[str, ...], why: str) -> dict[str, str]:
+    """``where`` with, again and again, the top-level binding that computes each value of ``dtypes`` a binding
+    of ``where`` reads: a GPU that cannot store such a tensor (WGSL: bool, 8- and 16-bit) hands none to the
+    CPU, its producers run there too (a comparison whose mask NonZero reads)."""
+    from tvm import relax
+
+    where = dict(where)
+    bindings = top_level(func)
+    todo = list(where)
+    while todo:
+        binding = bindings.get(todo.pop())
+        if binding is None:
+            continue
+        value = binding.value
+        operands = list(value.args) if isinstance(value, relax.Call) else [value]
+        for f in (f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])):
+            if isinstance(f, relax.Var) and f.name in bindings and f.name not in where \
+                    and any(_has_dtype(f, d) for d in dtypes):
+                where[f.name] = why
+                todo.append(f.name)
+    return where
+
+
 def dtype_bindings(mod, dtype: str, why: str) -> dict[str, str]:
     """``{variable: why}`` of the bindings of ``mod``'s ``main`` (outside If arms) that compute, read or make
     a tensor of ``dtype`` ("float64": a GPU without 64-bit floats; "uint64": WGSL)."""
@@ -119,6 +142,25 @@ def dtype_bindings(mod, dtype: str, why: str) -> dict[str, str]:
         operands = list(value.args) if isinstance(value, relax.Call) else []
         fields = [f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
         if any(_has_dtype(e, dtype) for e in [binding.var, *fields]):
+            found[name] = why
+    return found
+
+
+#: operators whose result's shape depends on the values: TVM runs them as runtime functions on the CPU
+#: ("relax.run.nonzero", "relax.run.unique"; the C API has its own), which read their operand as host memory
+DATA_DEPENDENT = ("relax.nonzero", "relax.unique")
+
+
+def operator_bindings(mod, ops: tuple[str, ...], why: str) -> dict[str, str]:
+    """``{variable: why}`` of the bindings of ``mod``'s ``main`` (outside If arms) that call one of ``ops``,
+    directly or inside the ``match_cast`` that names a data-dependent shape."""
+    import tvm
+    from tvm import relax
+
+    found = {}
+    for name, binding in top_level(mod["main"]).items():
+        value = binding.value
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ops:
             found[name] = why
     return found
 
@@ -170,8 +212,10 @@ class _Placer(Rebuild):
         is_tensor = isinstance(getattr(new, "ty", None), relax.TensorType)
         if not is_tensor or not isinstance(new, (relax.Var, tvm.ir.GenericConst)):
             return new
-        if isinstance(new, tvm.ir.GenericConst) and side == "gpu":
-            return new  # constants live on the VM's first device
+        if isinstance(new, tvm.ir.GenericConst):
+            # constants live on the VM's first device; a legalised CPU kernel's are copied after LegalizeOps
+            # (``legalized_on_cpu``): an operator may read one at compile time (NMS's maximum box count)
+            return new
         if isinstance(new, relax.Var) and self.device(new) == side:
             return new
         key = (new, side)
@@ -187,20 +231,37 @@ class _Placer(Rebuild):
 
         var, value = binding.var, binding.value
         side = "cpu" if var.name in self.where else "gpu"
-        if isinstance(binding, relax.MatchCast):
-            self.vmap[var] = self.bb.match_cast(self.on(value, side), binding.ty, name_hint=var.name)
+        if isinstance(binding, relax.MatchCast):  # of a call, as a data-dependent shape is named: its operands move
+            if isinstance(value, relax.Call):
+                value = self._call(value, side)
+            else:  # computes nothing: stays where its value is (a field of a tuple the CPU made)
+                value = self.map(value)
+                side = self.device(value.tuple_value if isinstance(value, relax.TupleGetItem) else value)
+            ty = binding.ty  # with the side's device: RealizeVDevice leaves a match_cast's type as it is
+            if isinstance(ty, relax.TensorType) and ty.vdevice is None:
+                ty = relax.TensorType(ty.shape, ty.dtype, self.cpu if side == "cpu" else self.gpu,
+                                       -1 if ty.shape is not None else ty.ndim)
+            self.vmap[var] = self.bb.match_cast(value, ty, name_hint=var.name)
+            self.sides[self.vmap[var]] = side
             return
         if isinstance(value, relax.If):
             new = relax.If(self.on(value.cond, "gpu"), self.arm(value.true_branch), self.arm(value.false_branch))
         elif isinstance(value, relax.Call):
-            new = relax.Call(value.op, [self.on(a, side) for a in value.args], value.attrs,
-                             list(value.ty_args) if value.ty_args else None)
+            new = self._call(value, side)
         elif isinstance(value, relax.Tuple):
             new = relax.Tuple([self.on(f, side) for f in value.fields])
-        else:
+        else:  # a field of a tuple, a variable: computes nothing, stays where its value is
             new = self.map(value)
+            side = self.device(new.tuple_value if isinstance(new, relax.TupleGetItem) else new)
         self.vmap[var] = self.emit(new, like=var)
         self.sides[self.vmap[var]] = side
+
+
+    def _call(self, call, side: str):
+        from tvm import relax
+
+        return relax.Call(call.op, [self.on(a, side) for a in call.args], call.attrs,
+                          list(call.ty_args) if call.ty_args else None)
 
 
 def _has_tensor(expr) -> bool:
@@ -258,6 +319,73 @@ def cpu_functions():
             if isinstance(func, tirx.PrimFunc):
                 mod[gvar] = func.with_attr("target", target)
         return mod
+
+    return _pass
+
+
+def legalized_on_cpu():
+    """A pass right after ``LegalizeOps``: what the kernels of operators placed on the CPU need there.
+
+    - Their constant operands are copied to the CPU (``place_on_cpu`` leaves constants as they are: a
+      legaliser may read one's value, as TVM's NMS does its maximum box count).
+    - A kernel of no tensor operand (a constant begin or stride TVM's legalisation of NMS makes for a slice)
+      whose results only the CPU reads runs on the CPU; it was left without a device, on the GPU, where WGSL
+      cannot even hold its int64."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    call_tir, to_vdevice = tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.to_vdevice")
+
+    def sources(func) -> set:
+        made, readers = {}, {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
+                        and isinstance(value.ty, relax.TensorType) and value.ty.vdevice is None \
+                        and not any(_has_tensor(a) for a in value.args[1].fields):
+                    made[binding.var] = value
+                users: list = []
+                tvm_ffi.structural_walk(value, [(relax.Var, users.append)])
+                for used in users:
+                    readers.setdefault(used, []).append(on_cpu(binding.var))
+        return {call for var, call in made.items() if readers.get(var) and all(readers[var])}
+
+    @relax.expr_functor.mutator
+    class _Move(relax.PyExprMutator):
+        def __init__(self, mod, moved, cpu):
+            super().__init__(mod)
+            self.moved, self.cpu = moved, cpu
+
+        def copied(self, arg):
+            if isinstance(arg, relax.Tuple):
+                return relax.Tuple([self.copied(f) for f in arg.fields])
+            if isinstance(arg, tvm.ir.GenericConst) and isinstance(getattr(arg, "ty", None), relax.TensorType):
+                return self.builder_.emit(relax.op.to_vdevice(arg, self.cpu), name_hint="const_cpu")
+            return arg
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if any(call.same_as(m) for m in self.moved):
+                ty = call.ty
+                return relax.Call(call.op, list(call.args), call.attrs, [relax.TensorType(ty.shape, ty.dtype, self.cpu)])
+            if on_cpu(call) and not call.op.same_as(to_vdevice) and isinstance(call.op, tvm.ir.Op):
+                return relax.Call(call.op, [self.copied(a) for a in call.args], call.attrs,
+                                  list(call.ty_args) if call.ty_args else None)
+            return call
+
+    @tvm.transform.module_pass(opt_level=0, name="edgepack_legalized_on_cpu")
+    def _pass(mod, _ctx):
+        infos = mod.global_infos.get("vdevice") if mod.global_infos is not None else None
+        if infos is None or len(infos) != 2:
+            return mod  # nothing placed
+        move = _Move(mod, set(), infos[1])
+        for gvar, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                move.moved = sources(func)
+                move.builder_.update_func(gvar, move.visit_expr(func))
+        return move.builder_.get()
 
     return _pass
 

@@ -26,7 +26,7 @@ from typing import Any
 from edgepack.backends.base import register
 from edgepack.backends.gpu import GpuBackend, Kernel, format_size, function_of, unwrapped_refusal, with_module
 from edgepack.backends.int64 import Int64Refused, int64_kernels, narrow_int64, simplify_int64, target_lacks_int64
-from edgepack.backends.placement import cone, dtype_bindings, place_on_cpu, readers
+from edgepack.backends.placement import cone, dtype_bindings, operator_bindings, place_on_cpu, readers, writers
 from edgepack.backends.relax_exprs import call_rewrite_pass, op_name, static_shape
 from edgepack.backends.wgsl_bools import hold_bools_in_32, unwidened_buffers
 from edgepack.backends.wgsl_bytes import WRAPPING_CAST, hold_8_bits_in_32
@@ -42,6 +42,9 @@ from edgepack.toolchain.wgpu_native import WGPU_LIBRARY, WGPU_NATIVE_VERSION, wg
 
 NARROW_TYPES = ("bool", "int8", "uint8", "int16", "uint16")
 UINT64_ON_CPU = "64-bit unsigned integers, which WGSL does not have (the int64 pass narrows only int64)"
+#: operators whose TVM kernels compute in int64 inside, whatever their operands (the int64 pass sees only tensors)
+INT64_INSIDE = ("relax.vision.all_class_non_max_suppression",)
+INT64_INSIDE_ON_CPU = "TVM's kernel for it computes in 64-bit integers, which WGSL does not have"
 DEVICE_TYPE = 15  # kDLWebGPU: what TVM's webgpu host code allocates on
 
 _MARKER = re.compile(r"(?m)^// Function: (\S+)\s*$")
@@ -227,8 +230,11 @@ class VulkanBackend(GpuBackend):
             self.refuse_cpu_operators(name, mod, limits)
         where = {} if gpu_only else self.cpu_operators(mod, limits)
         while True:
-            # a value WGSL cannot store (bool, 8- and 16-bit) computed on the CPU: its readers too
+            # a value WGSL cannot store (bool, 8- and 16-bit) computed on the CPU: its readers too; read there: its
+            # producers too
             where = readers(mod["main"], where, NARROW_TYPES, "it reads a value the CPU computes in a type WGSL "
+                            "cannot store") if where else where
+            where = writers(mod["main"], where, NARROW_TYPES, "it computes a value the CPU reads in a type WGSL "
                             "cannot store") if where else where
             placed = place_on_cpu(mod, where, target) if where else mod
             try:
@@ -242,7 +248,8 @@ class VulkanBackend(GpuBackend):
 
     def cpu_operators(self, mod, limits: GpuLimits) -> dict[str, str]:
         """The GPU backends' (scans, float64), and uint64 operators: the int64 pass narrows only int64."""
-        return super().cpu_operators(mod, limits) | dtype_bindings(mod, "uint64", UINT64_ON_CPU)
+        return (super().cpu_operators(mod, limits) | dtype_bindings(mod, "uint64", UINT64_ON_CPU)
+                | operator_bindings(mod, INT64_INSIDE, INT64_INSIDE_ON_CPU))
 
     def translate_compile_error(self, exc: CompileError, imported: ImportedModel, target: Any) -> CompileError:
         text = f"{exc.__cause__ or ''} {exc.message}"

@@ -29,7 +29,7 @@ ELEMWISE = 0  # TVM's OpPatternKind kElemWise: ``isnan_bits`` fuses as ``isnan``
 _FOLLOWING = frozenset(f"relax.{n}" for n in (
     "reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "concat", "split", "strided_slice",
     "dynamic_strided_slice", "take", "broadcast_to", "tile", "flip", "repeat", "gather_elements", "gather_nd",
-    "scatter_elements", "scatter_nd", "layout_transform",
+    "scatter_elements", "scatter_nd", "layout_transform", "to_vdevice",
 ))
 
 

@@ -250,6 +250,25 @@ def _shape_of(expr) -> list[int]:
 NAMES_ATTR = "edgepack.onnx_names"
 
 
+def _name_inner_bindings(bindings: list, names: dict[str, str]) -> None:
+    """Name each unnamed binding after the node of the first later binding that reads it (through unnamed
+    ones): a converter that emits several bindings (NMS, then its first output, then a ``match_cast``
+    naming its data-dependent shape) returns only its last."""
+    import tvm_ffi
+    from tvm import relax
+
+    first_reader: dict = {}
+    for binding in bindings:
+        used: list = []
+        tvm_ffi.structural_walk(binding.value, [(relax.Var, used.append)])
+        for u in used:
+            first_reader.setdefault(u, binding.var)
+    for binding in reversed(bindings):
+        reader = first_reader.get(binding.var)
+        if binding.var.name not in names and reader is not None and reader.name in names:
+            names[binding.var.name] = names[reader.name]
+
+
 def _attach_node_names(mod, converted: list) -> Any:
     """``mod`` with ``main`` annotated with the ONNX node that produced each bound variable."""
     from tvm import relax
@@ -264,14 +283,17 @@ def _attach_node_names(mod, converted: list) -> Any:
     stack = [main.body]
     while stack:
         seq = stack.pop()
-        for block in seq.blocks:
-            for binding in block.bindings:
-                value = binding.value
-                if isinstance(value, relax.If):
-                    stack.extend([value.true_branch, value.false_branch])
-                node = by_expr.get(value)
-                if node is not None:
-                    names[binding.var.name] = node
+        bindings = [b for block in seq.blocks for b in block.bindings]
+        for binding in bindings:
+            value = binding.value
+            if isinstance(value, relax.If):
+                stack.extend([value.true_branch, value.false_branch])
+            node = by_expr.get(value)
+            if node is None and isinstance(binding, relax.MatchCast):  # a data-dependent shape named
+                node = by_expr.get(binding.var)
+            if node is not None:
+                names[binding.var.name] = node
+        _name_inner_bindings(bindings, names)
     if names:
         mod.update_func(mod.get_global_var("main"), main.with_attr(NAMES_ATTR, names))
     return mod
