@@ -545,16 +545,22 @@ def test_a_wrong_8_bit_boundary_fails_validation_on_lavapipe(lavapipe, monkeypat
     assert not report.passed and any(o.mismatched > 0 for o in report.outputs), report.to_dict()
 
 
-def test_an_8_bit_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tmp_path):
-    """An int8 input of 975 bytes cannot be viewed as 32-bit words (the runtime makes no view larger than
-    its buffer): refused at compile time, naming it and its size, with where it does compile; nothing
-    written."""
+@pytest.mark.slow
+def test_an_8_bit_input_that_is_not_whole_words_crosses_through_the_cpu(lavapipe, tmp_path):
+    """An int8 input of 975 bytes cannot be viewed as 32-bit words (the runtime makes no view larger than its
+    buffer): it is copied to the device's CPU as its bytes, widened to int32 there and copied back, and the
+    build matches ONNX Runtime on lavapipe on full-range inputs. With --gpu-only it is refused at compile time,
+    naming it and its size, with where it does compile; nothing written."""
     model = onnx_qdq_convs(tmp_path / "qdq.onnx", depth=1)
+    build = compile_model(model, "vulkan-generic", tmp_path / "b").output_dir
+    for seed in (0, 1):
+        report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, seed))
+        assert report.passed and not report.degenerate, report.to_dict()
     with pytest.raises(CompileError) as info:
-        edgepack.compile(model, "vulkan-generic", tmp_path / "out")
+        edgepack.compile(model, "vulkan-generic", tmp_path / "out", gpu_only=True)
     message = info.value.message
     assert "input input (int8[1, 5, 15, 13], 975 bytes)" in message and "32-bit words" in message, message
-    assert "mali-g610" in info.value.hint and not (tmp_path / "out").exists()
+    assert "mali-g610" in info.value.hint and "--gpu-only" in info.value.hint and not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -614,13 +620,42 @@ def test_a_wrong_bool_boundary_fails_validation_on_lavapipe(lavapipe, monkeypatc
     assert not report.passed and any(o.mismatched > 0 for o in report.outputs), report.to_dict()
 
 
-def test_a_bool_input_that_is_not_whole_words_is_refused_for_vulkan_by_name(tmp_path):
-    """A bool input of 6 bytes cannot be viewed as 32-bit words: `edgepack compile` exits 2 naming it and
-    its size, with where it does compile, before any shader exists; nothing written."""
+def test_a_bool_input_that_is_not_whole_words_crosses_through_the_cpu(lavapipe, tmp_path):
+    """A bool input of 6 bytes cannot be viewed as 32-bit words: it is widened on the device's CPU and the
+    build matches ONNX Runtime on lavapipe. With --gpu-only, `edgepack compile` exits 2 naming it and its size,
+    with where it does compile, before any shader exists; nothing written."""
     model = onnx_bool_io(tmp_path / "odd.onnx", valid=(1, 6))
-    result = run_cli("compile", str(model), "-p", "vulkan-generic", "-o", str(tmp_path / "out"))
+    build = compile_model(model, "vulkan-generic", tmp_path / "b").output_dir
+    for seed in (0, 1):
+        report = validate(build, "host-vulkan", inputs=random_inputs(read_manifest(build).inputs, seed))
+        assert report.passed, report.to_dict()
+    result = run_cli("compile", str(model), "-p", "vulkan-generic", "-o", str(tmp_path / "out"), "--gpu-only")
     assert_clean_error(result, "valid", "bool[1, 6]", "6 bytes", "32-bit words", "mali-g610")
     assert not (tmp_path / "out").exists()
+
+
+def test_bool_tensors_of_a_run_time_size_cross_through_the_cpu(lavapipe, tmp_path):
+    """A bool input and a bool output of a --dim size (no view of words is possible at compile time): widened
+    and narrowed on the device's CPU; `validate` runs the build at 5 sizes on lavapipe and each matches ONNX
+    Runtime (before: refused by name)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["m"], ["mf"], to=T.FLOAT), helper.make_node("Mul", ["mf", "x"], ["y"]),
+             helper.make_node("Greater", ["y", "zero"], ["pos"])]
+    graph = helper.make_graph(nodes, "b", [helper.make_tensor_value_info("m", T.BOOL, ["N"]),
+                                           helper.make_tensor_value_info("x", T.FLOAT, ["N"])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, ["N"]),
+                               helper.make_tensor_value_info("pos", T.BOOL, ["N"])],
+                              initializer=[numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "dynbool.onnx"))
+    build = compile_model(tmp_path / "dynbool.onnx", "vulkan-generic", tmp_path / "b",
+                          input_shapes={"m": ("N",), "x": ("N",)}, dims=["N=1..64"]).output_dir
+    report = validate(build, "host-vulkan", seed=0)
+    assert report.passed and len(report.sizes) == 5, report.to_dict()
 
 
 def test_isnan_finds_nans_on_lavapipe(lavapipe, tmp_path):

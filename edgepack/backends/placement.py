@@ -278,7 +278,7 @@ def place_on_cpu(mod, where: Mapping[str, str], target):
     from tvm import relax
 
     out = mod.clone()
-    gpu, cpu = _vdevices(out, target)
+    gpu, cpu = vdevices(out, target)
     for gvar, func in list(out.functions_items()):
         if not isinstance(func, relax.Function) or gvar.name_hint != "main":
             continue
@@ -424,7 +424,7 @@ def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str):
         moved = [g for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and record.get(g.name_hint) == "none"]
         if not moved:
             return mod
-        gpu, cpu = _vdevices(mod, target)
+        gpu, cpu = vdevices(mod, target)
         for gvar in moved:
             mod[gvar] = mod[gvar].with_attr("target", target.host)
             record[gvar.name_hint] = cpu_rule
@@ -437,8 +437,9 @@ def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str):
     return _pass
 
 
-def _vdevices(mod, target):
-    """The (GPU, CPU) virtual devices of ``mod``, added (in that order: the VM's devices) where it has none."""
+def vdevices(mod, target):
+    """The (GPU, CPU) virtual devices of ``mod``, added (in that order: the VM's devices) where it has none
+    (``mod`` changed in place)."""
     from tvm import relax
 
     infos = mod.global_infos.get("vdevice") if mod.global_infos is not None else None

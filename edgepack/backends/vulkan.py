@@ -222,7 +222,8 @@ class VulkanBackend(GpuBackend):
         words of the caller's buffer, so one that is not a whole number of words is refused by name
         (``wgsl_words.py``)."""
         name = imported.info.path.name
-        refuse_unaligned_8_bit_boundary(imported.mod, name)
+        if gpu_only:  # else such an input or output crosses through the CPU (wgsl_words.py)
+            refuse_unaligned_8_bit_boundary(imported.mod, name)
         if not target_lacks_int64(target):
             return super().prepare(imported, target, limits, gpu_only=gpu_only)
         mod = simplify_int64(imported.mod)  # constants folded first: a folded value has no device to follow

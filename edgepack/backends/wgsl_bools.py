@@ -20,7 +20,7 @@ refuses by name at compile time rather than let wgpu refuse its shader at run ti
 from __future__ import annotations
 
 from edgepack.backends.relax_exprs import const_value, dtype_of, op_name
-from edgepack.backends.wgsl_words import BYTES, is_public, with_words_at_the_boundary
+from edgepack.backends.wgsl_words import BYTES, boundary_devices, is_public, with_words_at_the_boundary
 
 ELEMWISE = 0  # TVM's OpPatternKind kElemWise: ``isnan_bits`` fuses as ``isnan`` would
 
@@ -112,12 +112,13 @@ def hold_bools_in_32():
             seq = bb.normalize(relax.SeqExpr(func.body.blocks, _as_bool(func.body.body)))
             bb.end_scope()
             return relax.Function(list(func.params), seq, None, func.is_pure, func.attrs)
-        return with_words_at_the_boundary(widen, func, ("bool",))
+        return with_words_at_the_boundary(widen, func, ("bool",), widen.devices)
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackHoldBoolsIn32")
     def _pass(mod, _ctx):
+        devices = boundary_devices(mod, ("bool",))  # before the mutator: its builder takes the module's devices
         widen = _Widen(mod)
-        widen.unpacked = {}
+        widen.unpacked, widen.devices = {}, devices
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 widen.builder_.update_func(gvar, _widened(widen, func))

@@ -26,7 +26,13 @@ from __future__ import annotations
 import numpy as np
 
 from edgepack.backends.relax_exprs import bound_value, const_value, dtype_of, op_name
-from edgepack.backends.wgsl_words import EIGHT_BITS, is_public, unpack_constant, with_words_at_the_boundary
+from edgepack.backends.wgsl_words import (
+    EIGHT_BITS,
+    boundary_devices,
+    is_public,
+    unpack_constant,
+    with_words_at_the_boundary,
+)
 from edgepack.errors import CompileError
 
 PACKED_MIN_ELEMENTS = 64  # smaller 8-bit constants (zero points, lookup tables) are widened at compile time
@@ -98,12 +104,13 @@ def hold_8_bits_in_32(model: str = "the model"):
         outputs packed into words last."""
         if not is_public(func):  # called from the model itself, with its widened tensors
             return widen.visit_expr(func)
-        return with_words_at_the_boundary(widen, func, EIGHT_BITS)
+        return with_words_at_the_boundary(widen, func, EIGHT_BITS, widen.devices)
 
     @tvm.transform.module_pass(opt_level=0, name="EdgepackHold8BitsIn32")
     def _pass(mod, _ctx):
+        devices = boundary_devices(mod, EIGHT_BITS)  # before the mutator: its builder takes the module's devices
         widen = _Widen(mod)
-        widen.unpacked = {}
+        widen.unpacked, widen.devices = {}, devices
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 widen.builder_.update_func(gvar, _widened(widen, func))

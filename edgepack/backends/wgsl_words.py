@@ -12,9 +12,11 @@ runner, C bundles and the Python API pass int8/uint8 arrays. So the same buffer 
   low 8 bits of each: what a cast to 8 bits keeps) and viewed as the 8-bit tensor (a view may be smaller
   than its buffer: a classifier's 10 int8 scores are 3 words).
 
-The runtime makes no view larger than its buffer, so an 8-bit input must be a whole number of words (its
-byte count a multiple of 4, known at compile time); any other is refused by name
-(``refuse_unaligned_8_bit_boundary``), as is an 8-bit output of a size unknown at compile time. An input
+The runtime makes no view larger than its buffer, so an 8-bit input that is not a whole number of words (its
+byte count a multiple of 4, known at compile time) crosses through the device's CPU instead: copied there as
+its bytes, widened to int32 there, and copied back (``boundary_devices``: the program's CPU virtual device,
+``placement.py``); so does an 8-bit output of a size unknown at compile time, narrowed on the CPU and given
+from there. With ``--gpu-only`` both are refused by name (``refuse_unaligned_8_bit_boundary``). An input
 that compiled-in pre-processing already reads as words (``processing/frames.py``) is left as it is.
 
 bool inputs and outputs (one byte per element for the caller, held as int32 0/1 inside: ``wgsl_bools.py``)
@@ -26,6 +28,7 @@ from __future__ import annotations
 import math
 
 from edgepack.backends.folding import UNFOLDED
+from edgepack.backends.placement import vdevices
 from edgepack.backends.relax_exprs import dtype_of, op_name, static_shape
 from edgepack.errors import CompileError
 
@@ -73,31 +76,54 @@ def byte_inputs(func, types: tuple[str, ...] = EIGHT_BITS) -> list:
     return [p for p in inputs if dtype_of(p) in types and any(p.same_as(v) for v in read)]
 
 
-def refuse_unaligned_8_bit_boundary(mod, model: str = "the model") -> None:
-    """A CompileError where a Relax function of ``mod`` takes an 8-bit or boolean tensor that is not a whole
-    number of 32-bit words, or takes or gives one of a size unknown at compile time."""
+def _whole_words(expr) -> bool:
+    shape = static_shape(expr)
+    return shape is not None and math.prod(shape) % 4 == 0
+
+
+def unaligned_boundary(mod) -> list[str]:
+    """The 8-bit and boolean inputs of ``mod``'s public functions that are not a whole number of 32-bit words
+    (or of a size unknown at compile time), and such outputs of a size unknown at compile time, described."""
     from tvm import relax
 
+    odd = []
     for _gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not is_public(func):
             continue
-        odd = [f"an output ({dtype_of(o)}, of a size unknown at compile time)" for o in _outputs(func.body.body)
-               if dtype_of(o) in BYTES and static_shape(o) is None]
+        odd += [f"an output ({dtype_of(o)}, of a size unknown at compile time)" for o in _outputs(func.body.body)
+                if dtype_of(o) in BYTES and static_shape(o) is None]
         for p in byte_inputs(func, BYTES):
             shape = static_shape(p)
             if shape is None:
                 odd.append(f"input {p.name} ({dtype_of(p)}, of a size unknown at compile time)")
             elif math.prod(shape) % 4:
                 odd.append(f"input {p.name} ({dtype_of(p)}{list(shape)}, {math.prod(shape)} bytes)")
-        if odd:
-            raise CompileError(
-                f"{model} takes or gives 8-bit or boolean tensors that are not a whole number of 32-bit words "
-                f"({', '.join(odd)}). WGSL has no 8-bit integers (nor booleans in buffers), so a Vulkan build reads "
-                "such an input (one byte per element) as 32-bit words of the caller's buffer, which must then hold a "
-                "multiple of 4 bytes, and writes such an output as words, which needs its size at compile time.",
-                "Compile it for an OpenCL profile (mali-g610) or a CPU profile (rpi4), give the tensor a static "
-                "shape of a multiple of 4 bytes (--input-shape), or use an export of the model with float inputs "
-                "and outputs.")
+    return odd
+
+
+def refuse_unaligned_8_bit_boundary(mod, model: str = "the model") -> None:
+    """With ``--gpu-only``: a CompileError where a Relax function of ``mod`` takes an 8-bit or boolean tensor
+    that is not a whole number of 32-bit words, or takes or gives one of a size unknown at compile time (without
+    it, those cross through the device's CPU)."""
+    odd = unaligned_boundary(mod)
+    if odd:
+        raise CompileError(
+            f"{model} takes or gives 8-bit or boolean tensors that are not a whole number of 32-bit words "
+            f"({', '.join(odd)}). WGSL has no 8-bit integers (nor booleans in buffers), so a Vulkan build reads "
+            "such an input (one byte per element) as 32-bit words of the caller's buffer, which must then hold a "
+            "multiple of 4 bytes, and writes such an output as words, which needs its size at compile time.",
+            "Compile it without --gpu-only (such a tensor is then widened on the device's CPU), for an OpenCL "
+            "profile (mali-g610) or a CPU profile (rpi4), or give the tensor a static shape of a multiple of 4 "
+            "bytes (--input-shape).")
+
+
+def boundary_devices(mod, types: tuple[str, ...]):
+    """The (GPU, CPU) virtual devices ``mod`` needs for its ``types`` inputs and outputs that cannot cross as
+    words (added to ``mod`` for the target in scope), or None where every one can."""
+    from tvm.target import Target
+
+    odd = [d for d in unaligned_boundary(mod) if any(f"({t}" in d for t in types)]
+    return vdevices(mod, Target.current()) if odd else None
 
 
 def _flat(index, shape):
@@ -164,10 +190,11 @@ def _pack(size: int):
     return compute
 
 
-def unpack_inputs(bb, func, inputs: list):
+def unpack_inputs(bb, func, inputs: list, devices=None):
     """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) reading each of
     ``inputs`` (8-bit or bool) as words and unpacking them; returns (the block, {parameter: its int32 values},
-    a bool's 0 or 1)."""
+    a bool's 0 or 1). An input that is not a whole number of words is copied to the CPU of ``devices`` (GPU,
+    CPU) as its bytes, widened there and copied back."""
     from tvm import relax
 
     R = relax.op
@@ -175,6 +202,11 @@ def unpack_inputs(bb, func, inputs: list):
     bb.begin_scope(list(func.params))
     bb._begin_dataflow_block()
     for p in inputs:
+        if not _whole_words(p) and devices is not None:
+            on_cpu = bb.emit(R.to_vdevice(p, devices[1]), name_hint=f"{p.name}_cpu")
+            wide = bb.emit(R.astype(on_cpu, "int32"), name_hint=f"{p.name}_i32_cpu")
+            values[p] = bb.emit_output(R.to_vdevice(wide, devices[0]), name_hint=f"{p.name}_i32")
+            continue
         shape = static_shape(p)
         words = bb.emit(R.memory.view(p, relax.ShapeExpr([math.prod(shape) // 4]), "int32"), name_hint=f"{p.name}_words")
         unpacked = bb.call_te(_unpack(shape, dtype_of(p)), words, primfunc_name_hint="unpack_bytes",
@@ -193,9 +225,10 @@ def _has_bytes(types, byte_types: tuple[str, ...]) -> bool:
     return str(getattr(types, "dtype", "")) in byte_types
 
 
-def _packed(bb, result, types, byte_types: tuple[str, ...]):
+def _packed(bb, result, types, byte_types: tuple[str, ...], devices=None):
     """``result`` with each tensor that ``types`` says is of ``byte_types`` (and is int32 in ``result``)
-    packed into words and viewed as that 8-bit (or bool) tensor, emitted into ``bb``'s dataflow block."""
+    packed into words and viewed as that 8-bit (or bool) tensor, emitted into ``bb``'s dataflow block; one of
+    a size unknown at compile time narrowed on the CPU of ``devices`` (GPU, CPU) instead, and given there."""
     from tvm import relax
 
     R = relax.op
@@ -204,40 +237,44 @@ def _packed(bb, result, types, byte_types: tuple[str, ...]):
     if isinstance(types, relax.TupleType):
         fields = result.fields if isinstance(result, relax.Tuple) else [
             bb.emit_output(relax.TupleGetItem(result, i)) for i in range(len(types.fields))]
-        return relax.Tuple([_packed(bb, f, t, byte_types) for f, t in zip(fields, types.fields)])
+        return relax.Tuple([_packed(bb, f, t, byte_types, devices) for f, t in zip(fields, types.fields)])
     dtype = str(types.dtype)
     if dtype_of(result) == dtype:  # e.g. an input given back as it is
         return result
     shape = static_shape(result)
+    if shape is None and devices is not None:
+        on_cpu = bb.emit(R.to_vdevice(result, devices[1]), name_hint="out_cpu")
+        return bb.emit_output(R.astype(on_cpu, dtype), name_hint=f"out_{dtype}")
     flat = bb.emit(R.reshape(result, (math.prod(shape),)))
     packed = bb.emit(bb.call_te(_pack(math.prod(shape)), flat, primfunc_name_hint="pack_bytes",
                                 primfunc_attrs={"op_pattern": INJECTIVE}), name_hint="out_words")
     return bb.emit_output(R.memory.view(packed, relax.ShapeExpr(list(shape)), dtype), name_hint=f"out_{dtype}")
 
 
-def pack_outputs(bb, func, result, types, byte_types: tuple[str, ...] = EIGHT_BITS):
+def pack_outputs(bb, func, result, types, byte_types: tuple[str, ...] = EIGHT_BITS, devices=None):
     """A dataflow block (emitted through ``bb``, in a scope of ``func``'s parameters) packing the outputs
     of ``byte_types`` (8-bit) of ``result`` (the widened result of ``func``, whose original result type is
     ``types``); returns (the block, the new result)."""
     bb.begin_scope(list(func.params))
     bb._begin_dataflow_block()
-    result = _packed(bb, result, types, byte_types)
+    result = _packed(bb, result, types, byte_types, devices)
     block = bb._end_block()
     bb.end_scope()
     return block, result
 
 
-def with_words_at_the_boundary(widen, func, types: tuple[str, ...]):
+def with_words_at_the_boundary(widen, func, types: tuple[str, ...], devices=None):
     """The public Relax function ``func`` visited by ``widen`` (a mutator that holds ``types`` tensors in
     int32 and reads an input from its ``unpacked`` map), with its ``types`` inputs unpacked from words first
-    and its ``types`` outputs packed into words last."""
+    and its ``types`` outputs packed into words last (through the CPU of ``devices`` where they cannot cross
+    as words: ``boundary_devices``)."""
     from tvm import relax
 
     bb = widen.builder_
-    prologue, widen.unpacked = unpack_inputs(bb, func, byte_inputs(func, types))
+    prologue, widen.unpacked = unpack_inputs(bb, func, byte_inputs(func, types), devices)
     body = widen.visit_expr(func).body
     widen.unpacked = {}
-    epilogue, result = pack_outputs(bb, func, body.body, func.body.body.ty, types)
+    epilogue, result = pack_outputs(bb, func, body.body, func.body.body.ty, types, devices)
     blocks = [b for b in (prologue, *body.blocks, epilogue) if len(b.bindings)]
     bb.begin_scope(list(func.params))
     seq = bb.normalize(relax.SeqExpr(blocks, result))
