@@ -455,3 +455,25 @@ def test_nms_runs_on_the_cpu_for_vulkan(lavapipe, cross_compiler, monkeypatch, t
     compile_model(model, PROFILE, tmp_path / "wrong")
     report = validate(tmp_path / "wrong", "host-vulkan", seed=0)
     assert not report.passed, report
+
+
+@pytest.mark.parametrize("case", ["test_tril", "test_triu_square"])
+def test_values_the_gpu_makes_for_the_cpu_are_copied_there(lavapipe, cross_compiler, tmp_path, case):
+    """ONNX's Trilu cases on int64 data: the int64 ``where`` runs on the CPU, and its mask (a bool constant,
+    which the bool widening casts back to bool right before its reader, after the placement) was a GPU kernel
+    the CPU kernel read without a copy, a wrong mask (7-9 off on lavapipe). It now runs on the CPU
+    (``legalized_on_cpu``), and any value the GPU makes that a CPU kernel reads is copied: the suite's expected
+    output, exactly."""
+    import onnx
+    from onnx import numpy_helper
+
+    data = Path(onnx.__file__).parent / "backend" / "test" / "data" / "node" / case
+    build = tmp_path / "b"
+    compile_model(data / "model.onnx", PROFILE, build)
+    x = numpy_helper.to_array(onnx.load_tensor(str(data / "test_data_set_0" / "input_0.pb")))
+    expected = numpy_helper.to_array(onnx.load_tensor(str(data / "test_data_set_0" / "output_0.pb")))
+    name = read_manifest(build).inputs[0].name
+    report = validate(build, "host-vulkan", inputs={name: x})
+    assert report.passed and report.outputs[0].max_abs_error == 0, report
+    np.testing.assert_array_equal(run_reference(data / "model.onnx", "onnx", {name: x},
+                                                read_manifest(build).outputs)[0], expected)

@@ -264,6 +264,12 @@ class _Placer(Rebuild):
                           list(call.ty_args) if call.ty_args else None)
 
 
+def _name(expr) -> str:
+    from tvm import relax
+
+    return expr.name if isinstance(expr, relax.Var) else "const"
+
+
 def _has_tensor(expr) -> bool:
     from tvm import relax
 
@@ -327,10 +333,12 @@ def legalized_on_cpu():
     """A pass right after ``LegalizeOps``: what the kernels of operators placed on the CPU need there.
 
     - Their constant operands are copied to the CPU (``place_on_cpu`` leaves constants as they are: a
-      legaliser may read one's value, as TVM's NMS does its maximum box count).
-    - A kernel of no tensor operand (a constant begin or stride TVM's legalisation of NMS makes for a slice)
-      whose results only the CPU reads runs on the CPU; it was left without a device, on the GPU, where WGSL
-      cannot even hold its int64."""
+      legaliser may read one's value, as TVM's NMS does its maximum box count), as is any operand the GPU
+      computed that reached them without a copy (a pass after the placement made it: Vulkan's bool widening
+      casts a bool constant back to bool right before its reader).
+    - A kernel of no operand but constants (a constant begin or stride TVM's legalisation of NMS makes for a
+      slice; that cast of a constant) whose results only the CPU reads runs on the CPU; it was left without a
+      device, on the GPU, where WGSL cannot even hold its int64 or bool."""
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -344,7 +352,8 @@ def legalized_on_cpu():
                 value = binding.value
                 if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
                         and isinstance(value.ty, relax.TensorType) and value.ty.vdevice is None \
-                        and not any(_has_tensor(a) for a in value.args[1].fields):
+                        and all(isinstance(a, tvm.ir.GenericConst) for a in value.args[1].fields
+                                if _has_tensor(a)):
                     made[binding.var] = value
                 users: list = []
                 tvm_ffi.structural_walk(value, [(relax.Var, users.append)])
@@ -359,21 +368,22 @@ def legalized_on_cpu():
             self.moved, self.cpu = moved, cpu
 
         def copied(self, arg):
+            """``arg`` on the CPU: a constant, or a value the GPU computed (no device: the GPU's), copied."""
             if isinstance(arg, relax.Tuple):
                 return relax.Tuple([self.copied(f) for f in arg.fields])
-            if isinstance(arg, tvm.ir.GenericConst) and isinstance(getattr(arg, "ty", None), relax.TensorType):
-                return self.builder_.emit(relax.op.to_vdevice(arg, self.cpu), name_hint="const_cpu")
+            if isinstance(arg, (tvm.ir.GenericConst, relax.Var)) and isinstance(getattr(arg, "ty", None),
+                                                                             relax.TensorType) and not on_cpu(arg):
+                return self.builder_.emit(relax.op.to_vdevice(arg, self.cpu), name_hint=f"{_name(arg)}_cpu")
             return arg
 
         def visit_call_(self, call):
+            moved = any(call.same_as(m) for m in self.moved)
             call = super().visit_call_(call)
-            if any(call.same_as(m) for m in self.moved):
-                ty = call.ty
-                return relax.Call(call.op, list(call.args), call.attrs, [relax.TensorType(ty.shape, ty.dtype, self.cpu)])
-            if on_cpu(call) and not call.op.same_as(to_vdevice) and isinstance(call.op, tvm.ir.Op):
-                return relax.Call(call.op, [self.copied(a) for a in call.args], call.attrs,
-                                  list(call.ty_args) if call.ty_args else None)
-            return call
+            if not isinstance(call.op, tvm.ir.Op) or call.op.same_as(to_vdevice) or not (moved or on_cpu(call)):
+                return call
+            ty_args = [relax.TensorType(call.ty.shape, call.ty.dtype, self.cpu)] if moved else \
+                (list(call.ty_args) if call.ty_args else None)
+            return relax.Call(call.op, [self.copied(a) for a in call.args], call.attrs, ty_args)
 
     @tvm.transform.module_pass(opt_level=0, name="edgepack_legalized_on_cpu")
     def _pass(mod, _ctx):
