@@ -26,15 +26,13 @@ from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans, scan_bindings
 from edgepack.backends.integer import elementwise_quantization, integer_products
 from edgepack.backends.kernel_buffers import limit_kernel_buffers, split_wide_operators
+from edgepack.backends.placed_kernels import cpu_functions, legalized_on_cpu, unscheduled_to_cpu
 from edgepack.backends.placement import (
     DATA_DEPENDENT,
     cpu_bindings,
-    cpu_functions,
     dtype_bindings,
-    legalized_on_cpu,
     operator_bindings,
     place_on_cpu,
-    unscheduled_to_cpu,
 )
 from edgepack.backends.program_sizes import measuring
 from edgepack.backends.relax_exprs import is_cpu_target, names_of
@@ -207,7 +205,7 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
     kernels with records get their tuned schedule (recorded as "tuned"), dlight schedules the rest. A rule's
     schedule over the target's workgroup limits is left for the next rule (``schedule_limits.py``; each in
     ``passed_over``). Unless ``gpu_only``, a kernel no rule schedules runs on the device's CPU
-    (``placement.unscheduled_to_cpu``)."""
+    (``placed_kernels.unscheduled_to_cpu``)."""
     import tvm
     from tvm import relax
     from tvm.relax import pipeline as rp
@@ -372,7 +370,7 @@ def _binds_threads(func) -> bool:
 
 def _refuse_unscheduled(name: str, record: dict[str, str], rules: Sequence[str], cause) -> None:
     """Fail, naming them, when fused functions got no GPU schedule (with ``--gpu-only``; else they run on the
-    device's CPU, ``placement.unscheduled_to_cpu``).
+    device's CPU, ``placed_kernels.unscheduled_to_cpu``).
 
     TVM 0.27 does not reject such a function: it compiles it as host (CPU) code that is handed the
     device's buffers as if they were host memory, which corrupts memory at run time."""

@@ -2,22 +2,22 @@
 
 A GPU target cannot run everything a model holds exactly: WGSL has no 64-bit integers (a value the int64
 pass cannot narrow, ``backends/int64``) nor floats, Mali's and Adreno's OpenCL no 64-bit floats
-(``dtype_bindings``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``), and a kernel may get no GPU
-schedule at all. ONNX Runtime's execution providers and LiteRT's GPU delegate run such operators on the CPU;
-so does edgepack:
+(``dtype_bindings``), TVM's scan kernels are wrong in WGSL (``gpu_scans.py``), TVM computes data-dependent
+shapes (NonZero, Unique) with runtime functions that read host memory (``operator_bindings``), and a kernel may
+get no GPU schedule at all. ONNX Runtime's execution providers and LiteRT's GPU delegate run such operators on
+the CPU; so does edgepack:
 
-- ``place_on_cpu(mod, where, target)`` gives the module two virtual devices, the GPU (index 0, where the
-  VM puts the inputs, the constants and everything not named) and the device's CPU (index 1:
+- ``place_on_cpu(mod, where, target)`` gives the module two virtual devices (``vdevices``), the GPU (index 0,
+  where the VM puts the inputs, the constants and everything not named) and the device's CPU (index 1:
   ``target.host``, the CPU the VM already runs on), and moves the bindings named in ``where``
   (``{variable: why}``) to the CPU. Each value crossing between them is copied once
-  (``R.to_vdevice``: ``vm.builtin.to_device``); a model output stays where it is computed.
-- ``cpu_functions()`` is a pass after ``FuseTIR`` (which drops the ``target`` that ``LegalizeOps`` gave
-  each kernel of a CPU binding): every kernel whose result lives on the CPU gets the CPU target again, so
-  TVM compiles it as host code and dlight's GPU rules leave it alone.
+  (``R.to_vdevice``: ``vm.builtin.to_device``); a model output stays where it is computed, a binding that
+  computes nothing (a tuple's field, a ``match_cast``) where its value is, a constant where it is (copied
+  after legalisation).
 - ``cone(func, names)``: the bindings a value needs to be computed exactly on the CPU, its 64-bit integer
-  operands' producers back to the inputs (``vulkan.py`` places those of each int64 tensor it cannot narrow).
-- ``unscheduled_to_cpu`` is a pass after the GPU schedules: a kernel no rule took runs on the CPU, its operands
-  copied there and its results back.
+  operands' producers back to the inputs (``vulkan.py`` places those of each int64 tensor it cannot narrow);
+  ``readers``/``writers``: what must follow a value WGSL cannot store across the boundary.
+- The pipeline's passes on the legalised program finish the work (``placed_kernels.py``).
 
 The C API, the AAR and the RPC server already start the VM on (GPU, CPU), in that order.
 """
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgepack.backends.int64.rebuild import Rebuild
-from edgepack.backends.relax_exprs import dtype_of, on_cpu, vdevice_of
+from edgepack.backends.relax_exprs import dtype_of, has_tensor, on_cpu
 
 #: the attribute of a placed function: {variable: why} of its bindings on the CPU, for the build's report
 PLACED_ATTR = "edgepack.cpu_bindings"
@@ -73,7 +73,7 @@ def cone(func, names: set[str]) -> set[str] | None:
         value = binding.value
         if isinstance(value, relax.If):
             return None
-        if isinstance(value, relax.Call) and not any(_has_tensor(a) for a in value.args):
+        if isinstance(value, relax.Call) and not any(has_tensor(a) for a in value.args):
             return None  # an operator of no tensor (arange, full of a run-time shape) has no device to follow
         operands = list(value.args) if isinstance(value, relax.Call) else [value]
         for a in operands:
@@ -264,20 +264,6 @@ class _Placer(Rebuild):
                           list(call.ty_args) if call.ty_args else None)
 
 
-def _name(expr) -> str:
-    from tvm import relax
-
-    return expr.name if isinstance(expr, relax.Var) else "const"
-
-
-def _has_tensor(expr) -> bool:
-    from tvm import relax
-
-    if isinstance(expr, relax.Tuple):
-        return any(_has_tensor(f) for f in expr.fields)
-    return isinstance(getattr(expr, "ty", None), relax.TensorType)
-
-
 def place_on_cpu(mod, where: Mapping[str, str], target):
     """``mod`` (a Relax IRModule before legalisation) with the bindings of its ``main`` named in ``where``
     (``{variable: why}``, top-level bindings) running on ``target.host``, the rest on ``target``."""
@@ -300,151 +286,6 @@ def _without_host(target):
     data = dict(target.export())
     data.pop("host", None)
     return tvm.target.Target(data)
-
-
-def cpu_functions():
-    """A pass (after ``FuseTIR``): every kernel a Relax function calls with its result on a CPU virtual
-    device gets that device's target, which ``FuseTIR`` dropped."""
-    import tvm
-    import tvm_ffi
-    from tvm import relax, tirx
-
-    @tvm.transform.module_pass(opt_level=0, name="edgepack_cpu_functions")
-    def _pass(mod, _ctx):
-        targets: dict = {}
-
-        def visit(call):
-            if call.op.same_as(tvm.ir.Op.get("relax.call_tir")) and on_cpu(call):
-                targets[call.args[0]] = vdevice_of(call).target
-
-        for _gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                tvm_ffi.structural_walk(func.body, [(relax.Call, visit)], order="pre")
-        for gvar, target in targets.items():
-            func = mod[gvar]
-            if isinstance(func, tirx.PrimFunc):
-                mod[gvar] = func.with_attr("target", target)
-        return mod
-
-    return _pass
-
-
-def legalized_on_cpu():
-    """A pass right after ``LegalizeOps``: what the kernels of operators placed on the CPU need there.
-
-    - Their constant operands are copied to the CPU (``place_on_cpu`` leaves constants as they are: a
-      legaliser may read one's value, as TVM's NMS does its maximum box count), as is any operand the GPU
-      computed that reached them without a copy (a pass after the placement made it: Vulkan's bool widening
-      casts a bool constant back to bool right before its reader).
-    - A kernel of no operand but constants (a constant begin or stride TVM's legalisation of NMS makes for a
-      slice; that cast of a constant) whose results only the CPU reads runs on the CPU; it was left without a
-      device, on the GPU, where WGSL cannot even hold its int64 or bool."""
-    import tvm
-    import tvm_ffi
-    from tvm import relax
-
-    call_tir, to_vdevice = tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.to_vdevice")
-
-    def sources(func) -> set:
-        made, readers = {}, {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                value = binding.value
-                if isinstance(value, relax.Call) and value.op.same_as(call_tir) \
-                        and isinstance(value.ty, relax.TensorType) and value.ty.vdevice is None \
-                        and all(isinstance(a, tvm.ir.GenericConst) for a in value.args[1].fields
-                                if _has_tensor(a)):
-                    made[binding.var] = value
-                users: list = []
-                tvm_ffi.structural_walk(value, [(relax.Var, users.append)])
-                for used in users:
-                    readers.setdefault(used, []).append(on_cpu(binding.var))
-        return {call for var, call in made.items() if readers.get(var) and all(readers[var])}
-
-    @relax.expr_functor.mutator
-    class _Move(relax.PyExprMutator):
-        def __init__(self, mod, moved, cpu):
-            super().__init__(mod)
-            self.moved, self.cpu = moved, cpu
-
-        def copied(self, arg):
-            """``arg`` on the CPU: a constant, or a value the GPU computed (no device: the GPU's), copied."""
-            if isinstance(arg, relax.Tuple):
-                return relax.Tuple([self.copied(f) for f in arg.fields])
-            if isinstance(arg, (tvm.ir.GenericConst, relax.Var)) and isinstance(getattr(arg, "ty", None),
-                                                                             relax.TensorType) and not on_cpu(arg):
-                return self.builder_.emit(relax.op.to_vdevice(arg, self.cpu), name_hint=f"{_name(arg)}_cpu")
-            return arg
-
-        def visit_call_(self, call):
-            moved = any(call.same_as(m) for m in self.moved)
-            call = super().visit_call_(call)
-            if not isinstance(call.op, tvm.ir.Op) or call.op.same_as(to_vdevice) or not (moved or on_cpu(call)):
-                return call
-            ty_args = [relax.TensorType(call.ty.shape, call.ty.dtype, self.cpu)] if moved else \
-                (list(call.ty_args) if call.ty_args else None)
-            return relax.Call(call.op, [self.copied(a) for a in call.args], call.attrs, ty_args)
-
-    @tvm.transform.module_pass(opt_level=0, name="edgepack_legalized_on_cpu")
-    def _pass(mod, _ctx):
-        infos = mod.global_infos.get("vdevice") if mod.global_infos is not None else None
-        if infos is None or len(infos) != 2:
-            return mod  # nothing placed
-        move = _Move(mod, set(), infos[1])
-        for gvar, func in list(mod.functions_items()):
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                move.moved = sources(func)
-                move.builder_.update_func(gvar, move.visit_expr(func))
-        return move.builder_.get()
-
-    return _pass
-
-
-def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str):
-    """A pass right after the GPU schedules: each kernel no rule scheduled (``record``: "none") runs on
-    ``target.host`` instead, as TVM's plain loops, its operands copied to the CPU and its results back to the GPU;
-    ``record`` then says ``cpu_rule`` for it. (TVM would compile it as host code handed the GPU's buffers.)
-    Such kernels are rare: edgepack's tests make one from an opaque block."""
-    import tvm
-    from tvm import relax, tirx
-
-    @relax.expr_functor.mutator
-    class _Calls(relax.PyExprMutator):
-        def __init__(self, mod, moved, gpu, cpu):
-            super().__init__(mod)
-            self.moved, self.gpu, self.cpu = moved, gpu, cpu
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(tvm.ir.Op.get("relax.call_tir")) or call.args[0] not in self.moved:
-                return call
-            to_cpu = [self.builder_.emit(relax.op.to_vdevice(a, self.cpu))
-                      if isinstance(getattr(a, "ty", None), relax.TensorType) else a for a in call.args[1].fields]
-            outs = call.ty.fields if isinstance(call.ty, relax.TupleType) else [call.ty]
-            on_cpu_ty = [relax.TensorType(t.shape, t.dtype, self.cpu) for t in outs]
-            result = self.builder_.emit(relax.call_tir(call.args[0], relax.Tuple(to_cpu),
-                                                       on_cpu_ty if len(outs) > 1 else on_cpu_ty[0]))
-            if len(outs) == 1:
-                return relax.op.to_vdevice(result, self.gpu)
-            return relax.Tuple([self.builder_.emit(relax.op.to_vdevice(relax.TupleGetItem(result, i), self.gpu))
-                                for i in range(len(outs))])
-
-    @tvm.transform.module_pass(opt_level=0, name="edgepack_unscheduled_to_cpu")
-    def _pass(mod, _ctx):
-        moved = [g for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and record.get(g.name_hint) == "none"]
-        if not moved:
-            return mod
-        gpu, cpu = vdevices(mod, target)
-        for gvar in moved:
-            mod[gvar] = mod[gvar].with_attr("target", target.host)
-            record[gvar.name_hint] = cpu_rule
-        calls = _Calls(mod, moved, gpu, cpu)
-        for gvar, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                calls.builder_.update_func(gvar, calls.visit_expr(func))
-        return calls.builder_.get()
-
-    return _pass
 
 
 def vdevices(mod, target):
@@ -472,13 +313,15 @@ def cpu_bindings(mod) -> dict[str, str]:
 
 
 __all__ = [
+    "DATA_DEPENDENT",
     "PLACED_ATTR",
     "cone",
     "cpu_bindings",
-    "cpu_functions",
     "dtype_bindings",
+    "operator_bindings",
     "place_on_cpu",
     "placed",
     "readers",
-    "unscheduled_to_cpu",
+    "vdevices",
+    "writers",
 ]

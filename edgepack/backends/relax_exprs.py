@@ -274,3 +274,12 @@ def call_rewrite_pass(name: str, rewrite):
         return rewriter.builder_.get()
 
     return _pass
+
+
+def has_tensor(expr) -> bool:
+    """Whether a Relax value is a tensor or a tuple holding one."""
+    from tvm import relax
+
+    if isinstance(expr, relax.Tuple):
+        return any(has_tensor(f) for f in expr.fields)
+    return isinstance(getattr(expr, "ty", None), relax.TensorType)
