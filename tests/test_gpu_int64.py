@@ -170,6 +170,46 @@ def test_gather_with_int64_indices_from_the_caller(lavapipe, cross_compiler, tmp
     _kernels_have_no_i64(build)
 
 
+def test_int64_token_ids_of_a_run_time_length(lavapipe, cross_compiler, tmp_path):
+    """A text model's int64 token ids of any length (``--dim T=1..128``): read as (low, high) words of a
+    symbolic length and saturated, the whole model on the GPU (before: refused as "an int64 input of dynamic
+    shape"); `validate` runs 5 lengths, each matching ONNX Runtime. A wrong build, reading each id's words in
+    the other order, fails."""
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    rng = np.random.default_rng(2)
+    model = _save(tmp_path / "tokens.onnx", [
+        helper.make_node("Gather", ["E", "ids"], ["e"], axis=0, name="embed"),
+        helper.make_node("ReduceMean", ["e"], ["m"], keepdims=0, axes=[1], name="mean"),
+    ], [_info("ids", T.INT64, [1, "T"])], [_info("m", T.FLOAT, [1, 8])],
+        [_init("E", rng.standard_normal((50, 8)).astype(np.float32))])
+    out = tmp_path / "tokens-vk"
+    compile_model(model, PROFILE, out, input_shapes={"ids": (1, "T")}, dims=["T=1..128"])
+    assert read_manifest(out).extra["vulkan"]["cpu_fallback"] == []
+    report = _assert_validates(out)
+    assert len(report.sizes) == 5, report
+    _assert_validates(out, {"ids": rng.integers(0, 50, (1, 77)).astype(np.int64)})
+    _kernels_have_no_i64(out)
+
+    from tvm import relax
+
+    from edgepack.backends.int64 import rewrite
+
+    original = rewrite.Rewriter.saturated
+
+    def swapped(self, value, shape):
+        words = relax.op.memory.view(value, relax.ShapeExpr([*shape, 2]), "int32")
+        flipped = self.bb.emit(relax.op.flip(words, axis=len(shape)))
+        return original(self, self.bb.emit(relax.op.memory.view(flipped, relax.ShapeExpr(list(shape)), "int64")),
+                        shape)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rewrite.Rewriter, "saturated", swapped)
+        compile_model(model, PROFILE, tmp_path / "wrong", input_shapes={"ids": (1, "T")}, dims=["T=1..128"])
+    assert not validate(tmp_path / "wrong", "host-vulkan", seed=3).passed
+
+
 def test_float_positions_cast_to_int64_indices(lavapipe, cross_compiler, tmp_path):
     """Cast(float -> int64) has no bound, but as Gather indices a clamped 32-bit value selects the same
     rows (an index beyond 32 bits is out of range either way)."""

@@ -42,6 +42,18 @@ def static_shape(expr) -> tuple[int, ...] | None:
     return tuple(int(v.value) for v in values)
 
 
+def known_shape(expr) -> tuple | None:
+    """A tensor's extents where its rank and each extent are known at compile time or by name (a ``--dim``
+    variable, a data-dependent count a ``match_cast`` named): ints and TIR expressions. None otherwise."""
+    from tvm import tirx
+
+    ty = tensor_type(expr)
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is None:
+        return None
+    return tuple(int(v.value) if isinstance(v, tirx.IntImm) else v for v in values)
+
+
 def shape_of(expr) -> tuple[int | str, ...] | None:
     """A tensor's shape with its symbolic extents (``--dim``) as their text: what two shapes are compared by
     where equal symbolic extents are as good as equal numbers (``(W - 5) // 8 + 1`` both times). None where

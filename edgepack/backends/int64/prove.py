@@ -34,6 +34,7 @@ from edgepack.backends.relax_exprs import (
     dtype_of,
     is_i64,
     iter_bindings,
+    known_shape,
     live_vars,
     on_cpu,
     op_name,
@@ -84,7 +85,7 @@ class Prover:
         self.live = live_vars(func)
         for p in func.params:
             if is_i64(p):
-                self.facts[p] = SATURATED if static_shape(p) is not None else "an int64 input of dynamic shape"
+                self.facts[p] = SATURATED if known_shape(p) is not None else "an int64 input of unknown rank"
         for binding in iter_bindings(func.body):
             if not on_cpu(binding.var):  # computed in int64 on the device's CPU (placement.py)
                 self.analyse(binding)
@@ -215,7 +216,7 @@ class Prover:
         if not i64_args and not tuple_i64 and not out_i64:
             return None
         if name == "relax.to_vdevice" and is_i64(var):  # computed on the CPU: like an int64 input
-            return SATURATED if static_shape(var) is not None else "an int64 tensor of dynamic shape from the CPU"
+            return SATURATED if known_shape(var) is not None else "an int64 tensor of unknown rank from the CPU"
         facts = {i: self.fact(a) for i, a in i64_args}
         tuple_facts = [self.fact(f) for f in tuple_i64]
 

@@ -23,6 +23,7 @@ from edgepack.backends.relax_exprs import (
     free_vars,
     is_i64,
     iter_bindings,
+    known_shape,
     on_cpu,
     op_name,
     static_shape,
@@ -47,7 +48,7 @@ class Rewriter(Rebuild):
         for p in self.func.params:
             if not is_i64(p) or p not in self.used_params():
                 continue
-            shape = static_shape(p)
+            shape = known_shape(p)
             if shape is None:
                 continue
             self.vmap[p] = self.saturated(p, shape)
@@ -143,7 +144,7 @@ class Rewriter(Rebuild):
         if isinstance(value, relax.Call) and op_name(value) == "relax.to_vdevice" and is_i64(var):
             # an int64 result of the CPU, copied to the GPU: read like an int64 input
             copy = self.emit(self.map(value), like=var)
-            shape = static_shape(var)
+            shape = known_shape(var)
             self.vmap[var] = self.saturated(copy, shape) if shape is not None else copy
             return
         if isinstance(value, relax.If):
@@ -221,12 +222,25 @@ class Rewriter(Rebuild):
             lo, hi = (int(const_value(a)) for a in args[1:3])
             new = R.clip(self.narrowed(args[0]), tirx.IntImm("int32", max(lo, INT32_MIN + 1)),
                          tirx.IntImm("int32", min(hi, INT32_MAX)))
+        elif name == "relax.gather_nd" and is_i64(args[1]):
+            # Relax's gather_nd takes int64 indices only; its legalisation (TOPI's, indices transposed) any
+            new = self.bb.call_te(gather_nd_any_indices, self.narrowed(args[0]), self.narrowed(args[1]),
+                                  int(value.attrs.batch_dims), primfunc_name_hint="gather_nd")
         if new is None and name == "relax.memory.view":  # reinterprets the buffer: keep the int64 operand
             new = self.map(value)
         if new is None:
             new_args = [self.narrowed(a) for a in args]
             new = relax.Call(value.op, new_args, value.attrs, list(value.ty_args) if value.ty_args else None)
         self.vmap[var] = self.emit(new, like=var)
+
+
+def gather_nd_any_indices(data, indices, batch_dims: int):
+    """ONNX GatherND (indices last-axis tuples) with indices of any integer type: TOPI's, which takes them
+    first-axis, as Relax's legalisation gives it."""
+    from tvm import topi
+
+    ndim = len(indices.shape)
+    return topi.gather_nd(data, topi.transpose(indices, [ndim - 1, *range(ndim - 1)]), batch_dims)
 
 
 def arg_reduce_i32(data, iota, axis: int, keepdims: bool, is_max: bool):
