@@ -214,3 +214,24 @@ def test_a_wrong_build_fails_on_natural_inputs_too(models, tmp_path):
     page = validate(build, "host", inputs=det.natural)
     assert not page.passed and not page.degenerate, page.to_dict()
     shutil.rmtree(build)
+
+
+def test_a_model_onnx_runtime_cannot_load_is_a_clean_error(tmp_path):
+    """TVM imports a ReduceMean whose axes come as an input at opset 17 (an opset-18 form) and the build
+    compiles; ONNX Runtime, the reference, refuses the graph. validate says so in one paragraph, exit 2,
+    instead of an internal error."""
+    import onnx
+    from conftest import assert_clean_error
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=0)], "bad",
+                              [helper.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("m", T.FLOAT, [2])],
+                              initializer=[numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    compile_model(tmp_path / "bad.onnx", "host", tmp_path / "b")
+    result = run_cli("validate", str(tmp_path / "b"))
+    assert_clean_error(result, "ONNX Runtime, the reference, cannot load model.onnx", "fix the export")

@@ -46,7 +46,16 @@ def _run_onnxruntime(model: Path, inputs: dict[str, np.ndarray]) -> dict[str, np
                             "pip install onnxruntime") from exc
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's InvalidGraph/Fail: a model TVM imported but ONNX Runtime refuses
+        text = str(exc).strip().splitlines()
+        raise EdgepackError(
+            f"ONNX Runtime, the reference, cannot load {Path(model).name}: "
+            f"{text[0][:400] if text else type(exc).__name__}",
+            "The build compiled, but the model is not valid ONNX as ONNX Runtime reads it (e.g. an attribute "
+            "or input of another opset): fix the export (onnx.checker.check_model names the node), or compare "
+            "the build's outputs with `edgepack run` against a reference of your own.") from exc
     names = [o.name for o in session.get_outputs()]
     try:
         results = session.run(None, inputs)
