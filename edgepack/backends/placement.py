@@ -42,6 +42,14 @@ def placed(func) -> dict[str, str]:
     return {str(k): str(v) for k, v in func.attrs[PLACED_ATTR].items()}
 
 
+def _operand_fields(value) -> list:
+    """The operands of a binding's value (a call's arguments; anything else itself), tuples flattened a level."""
+    from tvm import relax
+
+    operands = list(value.args) if isinstance(value, relax.Call) else [value]
+    return [f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+
+
 def top_level(func) -> dict[str, Any]:
     """The bindings of ``func`` outside If arms, by variable name (names repeated: the first)."""
     found: dict[str, Any] = {}
@@ -98,11 +106,8 @@ def readers(func, where: dict[str, str], dtypes: tuple[str, ...], why: str) -> d
         for name, binding in top_level(func).items():
             if name in where:
                 continue
-            value = binding.value
-            operands = list(value.args) if isinstance(value, relax.Call) else [value]
-            fields = [f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
             if any(isinstance(f, relax.Var) and f.name in where and any(_has_dtype(f, d) for d in dtypes)
-                   for f in fields):
+                   for f in _operand_fields(binding.value)):
                 where[name] = why
                 changed = True
     return where
@@ -121,9 +126,7 @@ def writers(func, where: dict[str, str], dtypes: tuple[str, ...], why: str) -> d
         binding = bindings.get(todo.pop())
         if binding is None:
             continue
-        value = binding.value
-        operands = list(value.args) if isinstance(value, relax.Call) else [value]
-        for f in (f for a in operands for f in (a.fields if isinstance(a, relax.Tuple) else [a])):
+        for f in _operand_fields(binding.value):
             if isinstance(f, relax.Var) and f.name in bindings and f.name not in where \
                     and any(_has_dtype(f, d) for d in dtypes):
                 where[f.name] = why
@@ -236,7 +239,7 @@ class _Placer(Rebuild):
                 value = self._call(value, side)
             else:  # computes nothing: stays where its value is (a field of a tuple the CPU made)
                 value = self.map(value)
-                side = self.device(value.tuple_value if isinstance(value, relax.TupleGetItem) else value)
+                side = self.where_is(value)
             ty = binding.ty  # with the side's device: RealizeVDevice leaves a match_cast's type as it is
             if isinstance(ty, relax.TensorType) and ty.vdevice is None:
                 ty = relax.TensorType(ty.shape, ty.dtype, self.cpu if side == "cpu" else self.gpu,
@@ -252,10 +255,16 @@ class _Placer(Rebuild):
             new = relax.Tuple([self.on(f, side) for f in value.fields])
         else:  # a field of a tuple, a variable: computes nothing, stays where its value is
             new = self.map(value)
-            side = self.device(new.tuple_value if isinstance(new, relax.TupleGetItem) else new)
+            side = self.where_is(new)
         self.vmap[var] = self.emit(new, like=var)
         self.sides[self.vmap[var]] = side
 
+
+    def where_is(self, expr) -> str:
+        """The side of a value that computes nothing: a variable's, a tuple field's tuple's."""
+        from tvm import relax
+
+        return self.device(expr.tuple_value if isinstance(expr, relax.TupleGetItem) else expr)
 
     def _call(self, call, side: str):
         from tvm import relax

@@ -81,23 +81,24 @@ def _whole_words(expr) -> bool:
     return shape is not None and math.prod(shape) % 4 == 0
 
 
-def unaligned_boundary(mod) -> list[str]:
-    """The 8-bit and boolean inputs of ``mod``'s public functions that are not a whole number of 32-bit words
-    (or of a size unknown at compile time), and such outputs of a size unknown at compile time, described."""
+def unaligned_boundary(mod) -> list[tuple[str, str]]:
+    """(dtype, description) of the 8-bit and boolean inputs of ``mod``'s public functions that are not a whole
+    number of 32-bit words (or of a size unknown at compile time), and of such outputs of a size unknown at
+    compile time."""
     from tvm import relax
 
     odd = []
     for _gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not is_public(func):
             continue
-        odd += [f"an output ({dtype_of(o)}, of a size unknown at compile time)" for o in _outputs(func.body.body)
-                if dtype_of(o) in BYTES and static_shape(o) is None]
+        odd += [(dtype_of(o), f"an output ({dtype_of(o)}, of a size unknown at compile time)")
+                for o in _outputs(func.body.body) if dtype_of(o) in BYTES and static_shape(o) is None]
         for p in byte_inputs(func, BYTES):
             shape = static_shape(p)
             if shape is None:
-                odd.append(f"input {p.name} ({dtype_of(p)}, of a size unknown at compile time)")
+                odd.append((dtype_of(p), f"input {p.name} ({dtype_of(p)}, of a size unknown at compile time)"))
             elif math.prod(shape) % 4:
-                odd.append(f"input {p.name} ({dtype_of(p)}{list(shape)}, {math.prod(shape)} bytes)")
+                odd.append((dtype_of(p), f"input {p.name} ({dtype_of(p)}{list(shape)}, {math.prod(shape)} bytes)"))
     return odd
 
 
@@ -109,7 +110,7 @@ def refuse_unaligned_8_bit_boundary(mod, model: str = "the model") -> None:
     if odd:
         raise CompileError(
             f"{model} takes or gives 8-bit or boolean tensors that are not a whole number of 32-bit words "
-            f"({', '.join(odd)}). WGSL has no 8-bit integers (nor booleans in buffers), so a Vulkan build reads "
+            f"({', '.join(text for _dtype, text in odd)}). WGSL has no 8-bit integers (nor booleans in buffers), so a Vulkan build reads "
             "such an input (one byte per element) as 32-bit words of the caller's buffer, which must then hold a "
             "multiple of 4 bytes, and writes such an output as words, which needs its size at compile time.",
             "Compile it without --gpu-only (such a tensor is then widened on the device's CPU), for an OpenCL "
@@ -122,7 +123,7 @@ def boundary_devices(mod, types: tuple[str, ...]):
     words (added to ``mod`` for the target in scope), or None where every one can."""
     from tvm.target import Target
 
-    odd = [d for d in unaligned_boundary(mod) if any(f"({t}" in d for t in types)]
+    odd = [dtype for dtype, _text in unaligned_boundary(mod) if dtype in types]
     return vdevices(mod, Target.current()) if odd else None
 
 
