@@ -101,6 +101,8 @@ class KernelForm:
     # a channels-last tensor scaled per channel (squeeze-and-excitation) and the 1x1 convolution that reads
     # it are one kernel
     fused_scale: bool = False
+    # constant weights whose values are all float16 are stored as float16 and widened inside the kernel
+    half_weights: bool = False
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,9 @@ class TuningMeta:
     # CPU per-channel scalings were tuned merged into the 1x1 convolution after them
     # (KernelForm.fused_scale); older directories as kernels of their own
     fused_scale: bool = False
+    # CPU kernels were tuned with float16-valued weights passed as float16 (KernelForm.half_weights); older
+    # directories with float32 weights
+    half_weights: bool = False
 
     @property
     def form(self) -> KernelForm:

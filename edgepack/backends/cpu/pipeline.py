@@ -7,6 +7,7 @@ builds, MetaSchedule's records applied first.
                                      softmax with a vectorizable exp (``softmax.py``), depthwise
                                      convolutions and per-channel scalings fused into the 1x1
                                      convolution after them (``fuse_depthwise.py``, ``fuse_scale.py``),
+                                     weights that are float16 values kept float16 (``half_weights.py``),
                                      weights marked layout-free
     [tuning records]                 the best record of each kernel that has one ("tuned")
     default schedules                edgepack's rules for every other kernel (``schedules/``)
@@ -26,6 +27,7 @@ from edgepack.backends.cpu.conv_transpose import conv_transpose_as_convolution
 from edgepack.backends.cpu.dot_product import dot_product_convolutions, dot_product_matmuls
 from edgepack.backends.cpu.fuse_depthwise import fuse_depthwise_pointwise
 from edgepack.backends.cpu.fuse_scale import fuse_channel_scale
+from edgepack.backends.cpu.half_weights import half_weights, widens_in_hardware
 from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
@@ -47,7 +49,7 @@ def _cpu_passes():
 
 #: How untuned builds, and new tuning directories, form their kernels.
 UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, winograd_reuse=16,
-                          padded_channels=True, fused_depthwise=True, fused_scale=True)
+                          padded_channels=True, fused_depthwise=True, fused_scale=True, half_weights=True)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -84,6 +86,8 @@ def prepare_passes(target, form: KernelForm) -> list:
     if form.channels_last and form.padded_channels:
         lanes = CpuInfo.of(target).lanes(32)
         layout += [pad_output_channels(lanes), pad_matmul_columns(lanes)]
+    if form.half_weights and widens_in_hardware(target):
+        layout += half_weights()
     # TVM's FoldConstant compiles each kernel on constants apart; fold_constant_calls, all at once
     legalize = []
     for p in cpu.legalize_passes(target):
