@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgepack.frontends.onnx_ops.if_arms import inline_identical_arms
+
 # Operators a shape condition is evaluated through (all cheap; values are kept small).
 _EVALUABLE = {
     "Identity", "Cast", "CastLike", "Gather", "Equal", "Not", "And", "Or", "Xor", "Greater", "Less",
@@ -61,7 +63,7 @@ class StaticIfs:
         self.static_if_notes: list[str] = []
         self._static_node_names: list = []
         self._index_graph(graph)
-        mod = super().from_onnx(graph, opset)
+        mod = inline_identical_arms(super().from_onnx(graph, opset))
         return _attach_node_names(mod, self._static_node_names)
 
     def _index_graph(self, graph) -> None:
