@@ -705,6 +705,24 @@ def test_winograd_picks_the_algorithm_that_multiplies_least():
     assert UNTUNED_FORM.winograd_reuse == 16
 
 
+def test_winograd_spends_a_size_budget_where_it_saves_the_most_multiplies():
+    """The transformed weights are (m + 2)^2 / 9 the weights: within a budget of bytes, the convolutions of
+    large images and few channels (small weights serving many tiles) come first, one that F(4x4) would
+    overrun gets F(2x2) where that fits, and the rest stay direct."""
+    from edgepack.backends.cpu.pipeline import UNTUNED_FORM
+    from edgepack.backends.cpu.winograd import Candidate, within_budget
+
+    early = Candidate(("early",), 1, 160, 160, 16 * 16 * 9 * 4)  # 9 KiB of weights, 1600 tiles of F(4x4)
+    middle = Candidate(("middle",), 1, 40, 40, 64 * 64 * 9 * 4)  # 144 KiB
+    deep = Candidate(("deep",), 1, 10, 10, 256 * 256 * 9 * 4)  # 2.25 MiB for 9 tiles of F(4x4)
+    everything = within_budget([deep, middle, early], 1e9, 4, 16)
+    assert {k[0]: a.m for k, a in everything.items()} == {"early": 4, "middle": 4, "deep": 2}
+    some = within_budget([deep, middle, early], early.extra(everything[("early",)]) + 200_000, 4, 16)
+    assert {k[0]: a.m for k, a in some.items()} == {"early": 4, "middle": 2}  # 288 KiB more for F(4x4)
+    assert within_budget([deep, middle, early], 0, 4, 16) == {}
+    assert UNTUNED_FORM.winograd_budget == 0.25
+
+
 def _assert_winograd_kernels(build, caplog) -> None:
     kernels = sorted(_winograd_kernels(build).values())
     assert kernels.count("cpu.WinogradInput") == 2 and kernels.count("cpu.WinogradOutput") == 2, kernels

@@ -94,6 +94,8 @@ class KernelForm:
     # tiles larger than F(2x2)'s only where each transformed weight serves at least this many output tiles
     # (0: wherever they multiply least)
     winograd_reuse: int = 0
+    # the transformed weights add at most this share of the program's constant bytes (0: no limit)
+    winograd_budget: float = 0.0
     # channels-last convolutions compute their output channels padded to whole SIMD vectors and crop them
     padded_channels: bool = False
     # a channels-last depthwise convolution and the 1x1 convolution that reads it are one kernel

@@ -105,6 +105,8 @@ class TuningMeta:
     winograd: int = 0
     # ... and F(4x4, 3x3) only where its weights serve enough tiles (KernelForm.winograd_reuse); older: 0
     winograd_reuse: int = 0
+    # ... and their transformed weights within this share of the constants (KernelForm.winograd_budget); older: 0
+    winograd_budget: float = 0.0
     # CPU convolutions were tuned with their output channels padded to whole SIMD vectors
     # (KernelForm.padded_channels); older directories without
     padded_channels: bool = False

@@ -20,11 +20,13 @@ logger = logging.getLogger("edgepack.schedules")
 Rewrite = Callable[[Any, np.ndarray, Any], "tuple[Any, str] | None"]
 
 
-def conv2d_rewrite_pass(name: str, rewrite: Rewrite, op: str = "relax.nn.conv2d", noun: str = "convolution"):
+def conv2d_rewrite_pass(name: str, rewrite: Rewrite, op: str = "relax.nn.conv2d", noun: str = "convolution",
+                        plan: Callable[[Any], None] | None = None):
     """A Relax module pass named ``name``: every call of ``op`` (a convolution) whose second operand, the
     weights, is a constant (directly or through variables, transposes and casts: ``bound_constant``) goes
     through ``rewrite``; then dead bindings are dropped and "N <noun>(s) <what>" is logged for each kind
-    of rewrite done."""
+    of rewrite done. ``plan(mod)``, where given, sees the whole module first (a rewrite that decides each
+    call against the others)."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -56,6 +58,8 @@ def conv2d_rewrite_pass(name: str, rewrite: Rewrite, op: str = "relax.nn.conv2d"
 
     @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod, _ctx):
+        if plan is not None:
+            plan(mod)
         rewriter = Rewriter(mod)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):

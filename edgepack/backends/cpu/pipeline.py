@@ -49,7 +49,8 @@ def _cpu_passes():
 
 #: How untuned builds, and new tuning directories, form their kernels.
 UNTUNED_FORM = KernelForm(weight_prepack=True, channels_last=True, winograd=4, winograd_reuse=16,
-                          padded_channels=True, fused_depthwise=True, fused_scale=True, half_weights=True)
+                          winograd_budget=0.25, padded_channels=True, fused_depthwise=True, fused_scale=True,
+                          half_weights=True)
 
 
 def prepare_passes(target, form: KernelForm) -> list:
@@ -82,7 +83,7 @@ def prepare_passes(target, form: KernelForm) -> list:
     layout = [channels_last(), dot_product_convolutions(cpu_info), dot_product_matmuls(cpu_info),
               depthwise_of_8_bit_inputs()] if form.channels_last else []
     if form.channels_last and form.winograd:
-        layout.append(winograd_convolutions(form.winograd, form.winograd_reuse))
+        layout.append(winograd_convolutions(form.winograd, form.winograd_reuse, form.winograd_budget))
     if form.channels_last and form.padded_channels:
         lanes = CpuInfo.of(target).lanes(32)
         layout += [pad_output_channels(lanes), pad_matmul_columns(lanes)]

@@ -12,7 +12,10 @@ channel pair instead of 9 m^2 (F(2x2, 3x3): 2.25x fewer; F(4x4, 3x3): 4x fewer),
 
 ``U = G g G^T`` is computed here, once, from the constant weights (a model whose weights are not
 constants keeps the direct convolution); it is (m + 2)^2 / 9 the size of the weights it replaces. Each
-convolution gets the algorithm that multiplies least for its output size (``choose``). F(2x2, 3x3)'s
+convolution gets the algorithm that multiplies least for its output size (``choose``), as far as the
+library's size allows (``within_budget``: the transformed weights add at most a quarter of the model's
+weights, spent where they save the most multiplies per byte: F(2x2) first, F(4x4) where it still fits;
+the rest stay direct). F(2x2, 3x3)'s
 coefficients are 0, +-1 and +-1/2: float32's accuracy kept (the same or smaller differences from ONNX
 Runtime than the direct convolution); F(4x4, 3x3)'s go up to 8: measured 2.5x the direct convolution's
 difference after ten 64-channel layers (8e-6), on host and under qemu for rpi4 and rpi3. Only
@@ -22,13 +25,14 @@ outweigh the transforms.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
 from edgepack.backends.cpu.schedules.winograd import INPUT_BLOCK, OUTPUT_BLOCK
-from edgepack.backends.relax_exprs import dtype_of, static_shape
+from edgepack.backends.relax_exprs import bound_constant, dtype_of, iter_bindings, static_shape
 
 # below these the transforms (memory-bound, and serial below the parallel threshold) cost more than the
 # multiplies saved (measured on a Zen 4 core, each convolution with its transforms against the direct
@@ -37,6 +41,9 @@ from edgepack.backends.relax_exprs import dtype_of, static_shape
 MIN_CHANNELS = 16  # input and output channels
 MIN_CHANNEL_PRODUCT = 32 * 32  # input times output channels
 MIN_OUTPUT = 4  # output rows and columns
+# Winograd's transformed weights may always add this many bytes, whatever the budget's share: less than the
+# code of a small model (BlazeFace's kernels: 144 KB for aarch64), not what a download notices
+MIN_BUDGET = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -200,10 +207,68 @@ def choose(out_h: int, out_w: int, largest_tile: int, reuse: int = 0, batch: int
     return min(usable, key=multiplies)
 
 
-def winograd_convolutions(largest_tile: int = 4, reuse: int = 0):
+@dataclass(frozen=True)
+class Candidate:
+    """A convolution that ``suits``, as the size budget weighs it."""
+
+    key: tuple
+    batch: int
+    out_h: int
+    out_w: int
+    weight_bytes: int  # its weights in float32, as the transformed ones are stored
+
+    def saved(self, algorithm: Algorithm) -> int:
+        """Multiplies per channel pair that ``algorithm`` saves against the direct convolution."""
+        tiles = algorithm.tiles(self.out_h) * algorithm.tiles(self.out_w)
+        return self.batch * (9 * self.out_h * self.out_w - tiles * algorithm.positions)
+
+    def extra(self, algorithm: Algorithm) -> float:
+        """Bytes its transformed weights add to the library: (m + 2)^2 values for each 9."""
+        return self.weight_bytes * (algorithm.positions - 9) / 9
+
+
+def _key(call, weight: np.ndarray) -> tuple:
+    return (tuple(weight.shape), hashlib.sha1(weight.tobytes()).hexdigest(), static_shape(call))
+
+
+def within_budget(candidates: list[Candidate], budget: float, largest_tile: int, reuse: int) -> dict[tuple, Algorithm]:
+    """The algorithm of each convolution whose transformed weights fit in ``budget`` bytes all together.
+    From direct convolutions, the steps that save the most multiplies per byte added go first: each
+    convolution's step to F(2x2, 3x3) (1.78x the weights, 9 -> 4 multiplies per output), then to the
+    algorithm ``choose`` gives it (F(4x4): 4x the weights, -> 2.25); large images of few channels (small
+    weights serving many tiles) before deep layers. The convolutions no step reached stay direct."""
+    steps = []  # (multiplies saved per byte, candidate, algorithm, bytes it adds over the step before)
+    for c in candidates:
+        best = choose(c.out_h, c.out_w, largest_tile, reuse, c.batch)
+        steps.append((c.saved(F2) / max(c.extra(F2), 1), c, F2, c.extra(F2)))
+        if best is not F2:
+            more = c.extra(best) - c.extra(F2)
+            steps.append(((c.saved(best) - c.saved(F2)) / max(more, 1), c, best, more))
+    chosen: dict[tuple, Algorithm] = {}
+    spent = 0.0
+    for _rate, c, algorithm, more in sorted(steps, key=lambda step: -step[0]):
+        if (algorithm is F2) == (c.key in chosen) or spent + more > budget:
+            continue  # a step to F(4x4) only from F(2x2); none past the budget
+        chosen[c.key] = algorithm
+        spent += more
+    return chosen
+
+
+def winograd_convolutions(largest_tile: int = 4, reuse: int = 0, budget: float = 0.0):
     """A Relax module pass: every convolution that ``suits`` becomes the three Winograd kernels, with
     output tiles of at most ``largest_tile`` (2 or 4) pixels a side (larger than 2 only where each
-    transformed weight serves ``reuse`` tiles: ``choose``)."""
+    transformed weight serves ``reuse`` tiles: ``choose``). With a ``budget`` (a share of the program's
+    constant bytes, at least ``MIN_BUDGET``), the transformed weights add at most that much to the library
+    (``within_budget``: YOLOv8n's 3x3 weights grew its rpi4 library to 1.97x the model); 0: no limit."""
+    planned: dict[tuple, Algorithm] | None = None
+
+    def plan(mod) -> None:
+        nonlocal planned
+        if not budget:
+            planned = None
+            return
+        candidates, total = _candidates(mod)
+        planned = within_budget(candidates, max(budget * total, MIN_BUDGET), largest_tile, reuse)
 
     def rewrite(call, weight: np.ndarray, bb):
         from tvm import relax
@@ -213,7 +278,10 @@ def winograd_convolutions(largest_tile: int = 4, reuse: int = 0):
         top, left = (int(p) for p in call.attrs.padding[:2])
         batch, height, width, _channels = static_shape(call.args[0])
         _batch, out_h, out_w, _out_channels = static_shape(call)
-        algorithm = choose(out_h, out_w, largest_tile, reuse, batch)
+        if planned is None:
+            algorithm = choose(out_h, out_w, largest_tile, reuse, batch)
+        elif (algorithm := planned.get(_key(call, weight))) is None:
+            return None
         m = algorithm.m
         tiles_h, tiles_w = algorithm.tiles(out_h), algorithm.tiles(out_w)
         # every window inside: rows and columns past the input's (and its padding's) are zeros
@@ -226,4 +294,30 @@ def winograd_convolutions(largest_tile: int = 4, reuse: int = 0):
         output = bb.call_te(output_transform, products, batch, out_h, out_w, m, primfunc_name_hint=OUTPUT_BLOCK)
         return output, f"as Winograd F({m}x{m}, 3x3)"
 
-    return conv2d_rewrite_pass("EdgepackWinograd", rewrite)
+    return conv2d_rewrite_pass("EdgepackWinograd", rewrite, plan=plan)
+
+
+def _candidates(mod) -> tuple[list[Candidate], int]:
+    """The convolutions of ``mod`` that ``suits``, and the bytes of all its constants."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    conv = tvm.ir.Op.get("relax.nn.conv2d")
+    found: list[Candidate] = []
+    constants: dict = {}
+    for _gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        tvm_ffi.structural_walk(func.body, [(tvm.ir.GenericConst, lambda c: constants.update({c: c}))],
+                                order="pre")
+        bindings: dict = {}
+        for binding in iter_bindings(func.body):
+            bindings[binding.var] = value = binding.value
+            if isinstance(value, relax.Call) and value.op.same_as(conv):
+                weight = bound_constant(value.args[1], bindings)
+                if suits(value, weight):
+                    batch, out_h, out_w, _k = static_shape(value)
+                    found.append(Candidate(_key(value, weight), batch, out_h, out_w, weight.astype(np.float32).nbytes))
+    total = sum(int(c.value.numpy().nbytes) for c in constants.values() if hasattr(c.value, "numpy"))
+    return found, total
