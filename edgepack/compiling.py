@@ -160,6 +160,8 @@ def compile_model(
             + (f" with tuned kernels ({applied.tuned_tasks}/{applied.total_tasks})" if applied else ""))
         device_build = backend.build(program, device_target, records=records, limits=profile.limits,
                                      gpu_only=gpu_only)
+        if records is not None and records.sizes:
+            _say_unreplayed(say, applied.tuned_tasks, device_build.report.counts().get("tuned", 0), records.sizes)
         say(f"Linking the device library with {Path(compilers.cxx).name}")
         artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims,
                                           backend.packed_modules())
@@ -321,3 +323,14 @@ def _relax_script(mod) -> str:
             kernels += 1
     parts.append(f"# ... and {kernels} TIR kernel functions")
     return "\n".join(parts)
+
+
+def _say_unreplayed(say, tuned: int, scheduled: int, sizes: dict[str, int]) -> None:
+    """A dynamic build applies records tuned at one size by replaying them on its symbolic kernels
+    (``backends/sized_records.py``); say so where fewer kernels took one than were tuned."""
+    if scheduled >= tuned:
+        return
+    at = ", ".join(f"{name}={value}" for name, value in sizes.items() if not name.rsplit("_", 1)[-1].isdigit())
+    say(f"{tuned - scheduled} of the {tuned} tuned kernel(s) keep their default schedule: their records (tuned at "
+        f"{at}) do not replay on this build's kernels of run-time sizes (on GPUs, a tile of shared memory over a "
+        "run-time extent); the build's report lists the kernels that took one as 'tuned'")

@@ -738,3 +738,17 @@ def test_tune_on_the_farm_and_a_device_then_compile_and_validate(models, farm_in
     assert build.manifest.artifacts["device_library"].sha256 != untuned.manifest.artifacts["device_library"].sha256
     report = validate(build.output_dir, "emulator")
     assert report.passed and not report.degenerate, report.to_dict()
+
+
+def test_a_dynamic_build_says_which_tuned_kernels_kept_their_default():
+    """Records tuned at one size are replayed on a dynamic build's symbolic kernels; where fewer kernels took one
+    than were tuned (on GPUs none yet: a tile of shared memory over a run-time extent does not lower), the
+    compile says so instead of letting "with tuned kernels (2/55)" stand alone."""
+    from edgepack.compiling import _say_unreplayed
+
+    said: list[str] = []
+    _say_unreplayed(said.append, 2, 0, {"W": 192, "W_32": 6})
+    assert len(said) == 1 and said[0].startswith("2 of the 2 tuned kernel(s) keep their default schedule")
+    assert "tuned at W=192)" in said[0]
+    _say_unreplayed(said.append, 2, 2, {"W": 192})
+    assert len(said) == 1
