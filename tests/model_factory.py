@@ -583,6 +583,32 @@ def onnx_hardswish_convs(path: Path, *, seed: int = 0) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_silu_tanh(path: Path, *, seed: int = 0) -> Path:
+    """YOLOv8's activation and an LSTM cell's: ``x * Sigmoid(x)`` after a 3x3 convolution of real-valued
+    weights (3 -> 16 channels, stride 2, as YOLOv8's first layer), then ``Tanh`` of a 1x1 convolution, scaled by
+    4 so that both see inputs far into their tails. Input ``x`` [1, 3, 32, 40]; outputs ``silu`` [1, 16, 16, 20]
+    and ``t`` [1, 8, 16, 20]."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.normal(0, 1.0, (16, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.5, 16).astype(np.float32), "b1"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (8, 16, 1, 1)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.float32(4.0), "four")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+             helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["silu"]),
+             helper.make_node("Conv", ["silu", "w2"], ["p"], kernel_shape=[1, 1]),
+             helper.make_node("Mul", ["p", "four"], ["p4"]),
+             helper.make_node("Tanh", ["p4"], ["t"])]
+    graph = helper.make_graph(
+        nodes, "silu_tanh", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 40])],
+        [helper.make_tensor_value_info("silu", TensorProto.FLOAT, [1, 16, 16, 20]),
+         helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 8, 16, 20])], inits)
+    return _save_opset17(graph, path)
+
+
 def onnx_squeeze_excitation(path: Path, *, seed: int = 0) -> Path:
     """MobileNetV3's squeeze-and-excitation, three ways: after a depthwise convolution, the block's input
     times a gate of one value per channel (global average pool, 1x1 convolutions to a quarter of the

@@ -32,6 +32,7 @@ from edgepack.backends.cpu.integer_depthwise import depthwise_of_8_bit_inputs
 from edgepack.backends.cpu.schedules import default_rules
 from edgepack.backends.cpu.schedules.machine import CpuInfo
 from edgepack.backends.cpu.softmax import vector_softmax
+from edgepack.backends.cpu.vector_math import vector_sigmoid_tanh
 from edgepack.backends.cpu.winograd import winograd_convolutions
 from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.integer import elementwise_quantization, integer_products
@@ -78,7 +79,8 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
-    rewrites = [integer_products(), elementwise_quantization(), conv_transpose_as_convolution(), vector_softmax()]
+    rewrites = [integer_products(), elementwise_quantization(), conv_transpose_as_convolution(), vector_softmax(),
+                vector_sigmoid_tanh()]
     cpu_info = CpuInfo.of(target)
     layout = [channels_last(), dot_product_convolutions(cpu_info), dot_product_matmuls(cpu_info),
               depthwise_of_8_bit_inputs()] if form.channels_last else []
