@@ -6,7 +6,7 @@ positions took 1.0 ms (Zen 4, 1 thread; ONNX Runtime 0.17 ms), 15% of the model.
 computes ``exp`` as a polynomial after range reduction (Cephes' ``expf``: at most 4.1e-6 relative error
 over [-87, 0], measured; the inputs of a softmax's ``exp`` are at most 0) that vectorizes: 0.62 ms, and
 0.28 ms with the max and the sum in partial results per SIMD lane (``schedules/reduction.py``).
-Only softmax takes it: other ``exp``, ``tanh`` and ``erf`` keep the C library's precision.
+Sigmoid and tanh are computed likewise (``vector_math.py``); other ``exp`` and ``erf`` keep the C library's.
 """
 
 from __future__ import annotations
