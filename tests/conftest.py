@@ -121,6 +121,6 @@ def assert_clean_error(result: subprocess.CompletedProcess, *needles: str, code:
     text = result.stdout + result.stderr
     assert result.returncode == code, text
     assert "Traceback" not in text, text
-    flat = " ".join(text.split())
+    flat = " ".join(text.replace("\u2502", " ").split())  # the error panel's borders, where a line wraps
     for needle in needles:
         assert needle in flat, f"{needle!r} not in:\n{text}"

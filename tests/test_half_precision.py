@@ -138,6 +138,28 @@ def test_a_float16_tflite_model_keeps_float16_weights_on_lavapipe(lavapipe, mode
     validate_real_model(half.output_dir, "host-vulkan", face)
 
 
+@pytest.mark.slow
+def test_an_audio_model_keeps_its_1d_convolutions_in_fp32_and_matches_on_lavapipe(lavapipe, models, tmp_path,
+                                                                                 monkeypatch):
+    """Silero VAD in fp16 (the phone profiles' default): its 1-D convolutions (the STFT over raw samples) stay
+    float32 kernels and the rest is half precision; on its speech it matches ONNX Runtime within fp16's
+    tolerance. A wrong build fails: the same model with those convolutions in fp16 too (1.9 off)."""
+    from edgepack.backends import half_precision as half
+
+    silero = models["silero_vad"]
+    build = compile_model(silero.path, "vulkan-generic", tmp_path / "half", input_shapes=silero.input_shapes,
+                          precision="fp16")
+    assert build.manifest.extra["constants"]["bytes"] < 0.6 * silero.path.stat().st_size  # the rest is fp16
+    assert any(f["name"].startswith("conv1d") for f in build.manifest.extra["vulkan"]["functions"])
+    validate_real_model(build.output_dir, "host-vulkan", silero)
+
+    monkeypatch.setattr(half, "_conv1d_in_fp32", lambda call, builder: None)
+    wrong = compile_model(silero.path, "vulkan-generic", tmp_path / "wrong", input_shapes=silero.input_shapes,
+                          precision="fp16")
+    report = validate(wrong.output_dir, "host-vulkan", inputs=silero.natural)
+    assert not report.passed, report.to_dict()
+
+
 # ----------------------------------------------------------------------------------------------
 # OpenCL (cl_khr_fp16)
 
