@@ -79,8 +79,7 @@ def prepare_passes(target, form: KernelForm) -> list:
 
     cpu = _cpu_passes()
     prepack = [relax.transform.AttachAttrLayoutFreeBuffers()] if form.weight_prepack else []
-    rewrites = [integer_products(), elementwise_quantization(), conv_transpose_as_convolution(), vector_softmax(),
-                vector_sigmoid_tanh()]
+    rewrites = [integer_products(), elementwise_quantization(), conv_transpose_as_convolution(), vector_softmax()]
     cpu_info = CpuInfo.of(target)
     layout = [channels_last(), dot_product_convolutions(cpu_info), dot_product_matmuls(cpu_info),
               depthwise_of_8_bit_inputs()] if form.channels_last else []
@@ -99,7 +98,8 @@ def prepare_passes(target, form: KernelForm) -> list:
         if p.info.name == "FuseTIR" and form.channels_last and form.fused_scale:
             legalize.append(fuse_channel_scale())
         legalize.append(fold_constant_calls() if p.info.name == "FoldConstant" else p)
-    return [*rewrites, *layout, *cpu.library_dispatch_passes(target), *legalize, *prepack]
+    # after the layout passes: channels_last moves relax.sigmoid into NHWC, not the kernel it becomes
+    return [*rewrites, *layout, vector_sigmoid_tanh(), *cpu.library_dispatch_passes(target), *legalize, *prepack]
 
 
 def weight_prepack_passes() -> list:
