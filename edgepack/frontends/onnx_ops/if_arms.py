@@ -19,7 +19,7 @@ def inline_identical_arms(mod) -> Any:
     import tvm_ffi
     from tvm import relax
 
-    changed = False
+    changed = 0  # Ifs replaced so far
 
     def flatten(seq) -> Any:
         nonlocal changed
@@ -31,7 +31,7 @@ def inline_identical_arms(mod) -> Any:
                 if isinstance(value, relax.If):
                     then, other = flatten(value.true_branch), flatten(value.false_branch)
                     if tvm_ffi.structural_equal(then, other):
-                        changed = True
+                        changed += 1
                         if pending:
                             blocks.append(type(block)(pending))
                             pending = []
