@@ -20,7 +20,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from edgepack.backends.base import Backend, Build, DoctorCheck, ScheduledFunction, ScheduleReport, TuningRecords
+from edgepack.backends.base import (
+    BUILD_CONFIG,
+    Backend,
+    Build,
+    DoctorCheck,
+    ScheduledFunction,
+    ScheduleReport,
+    TuningRecords,
+)
 from edgepack.backends.float_literals import tir_pipeline
 from edgepack.backends.folding import fold_constant_calls
 from edgepack.backends.gpu_scans import SCAN_REFUSAL, gpu_scans, scan_bindings
@@ -589,12 +597,7 @@ class GpuBackend(Backend):
 
         name = imported.info.path.name
         try:
-            # without TVM's argument checks (tirx.disable_assert): each kernel's host function checked every
-            # argument's type, rank, shape, strides and device, with a message (PP-OCR's classifier: 0.18 of its
-            # 0.21 MB of host code, for 113 kernels), but only the Relax VM calls them, with tensors it made to
-            # the program's shapes; a model's inputs are checked where they enter (the VM's check_tensor_info
-            # and match_cast, the C API)
-            with tvm.transform.PassContext(instruments=[_KernelSnapshot()], config={"tirx.disable_assert": True}):
+            with tvm.transform.PassContext(instruments=[_KernelSnapshot()], config=BUILD_CONFIG):
                 if system_lib:  # for static programs: host code + the kernels (devc.o) in TVM's system library
                     executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
                                              tir_pipeline=self.tir_pipeline())

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepack.backends.base import (
+    BUILD_CONFIG,
     Backend,
     Build,
     KernelForm,
@@ -48,10 +49,7 @@ class CpuBackend(Backend):
         measured: dict = {}
         pipeline, rules = cpu_pipeline(target, record, records, recomputed, measured)
         try:
-            # without TVM's argument checks in each kernel's host function, as GPU builds (gpu.py): only the
-            # Relax VM calls the kernels, with tensors it made; inputs are checked where they enter.
-            # BlazeFace for rpi4: 412 -> 295 KB of library (its kernels' code 144 KB before)
-            with tvm.transform.PassContext(config={"tirx.disable_assert": True}):
+            with tvm.transform.PassContext(config=BUILD_CONFIG):
                 if system_lib:
                     executable = relax.build(imported.mod, target=target, system_lib=True, relax_pipeline=pipeline,
                                              tir_pipeline=self.tir_pipeline())
