@@ -161,7 +161,8 @@ def compile_model(
         device_build = backend.build(program, device_target, records=records, limits=profile.limits,
                                      gpu_only=gpu_only)
         if records is not None and records.sizes:
-            _say_unreplayed(say, applied.tuned_tasks, device_build.report.counts().get("tuned", 0), records.sizes)
+            _say_unreplayed(say, applied.tuned_tasks, device_build.report.counts().get("tuned", 0),
+                            {n: v for n, v in records.sizes.items() if n in dims})
         say(f"Linking the device library with {Path(compilers.cxx).name}")
         artifacts = export_device_library(device_build.executable, staging, program.inputs, outputs, compilers, dims,
                                           backend.packed_modules())
@@ -326,11 +327,11 @@ def _relax_script(mod) -> str:
 
 
 def _say_unreplayed(say, tuned: int, scheduled: int, sizes: dict[str, int]) -> None:
-    """A dynamic build applies records tuned at one size by replaying them on its symbolic kernels
-    (``backends/sized_records.py``); say so where fewer kernels took one than were tuned."""
+    """A dynamic build applies records tuned at one size (``sizes``: its dims') by replaying them on its
+    symbolic kernels (``backends/sized_records.py``); say so where fewer kernels took one than were tuned."""
     if scheduled >= tuned:
         return
-    at = ", ".join(f"{name}={value}" for name, value in sizes.items() if not name.rsplit("_", 1)[-1].isdigit())
+    at = ", ".join(f"{name}={value}" for name, value in sizes.items())
     say(f"{tuned - scheduled} of the {tuned} tuned kernel(s) keep their default schedule: their records (tuned at "
         f"{at}) do not replay on this build's kernels of run-time sizes (on GPUs, a tile of shared memory over a "
         "run-time extent); the build's report lists the kernels that took one as 'tuned'")

@@ -747,7 +747,7 @@ def test_a_dynamic_build_says_which_tuned_kernels_kept_their_default():
     from edgepack.compiling import _say_unreplayed
 
     said: list[str] = []
-    _say_unreplayed(said.append, 2, 0, {"W": 192, "W_32": 6})
+    _say_unreplayed(said.append, 2, 0, {"W": 192})
     assert len(said) == 1 and said[0].startswith("2 of the 2 tuned kernel(s) keep their default schedule")
     assert "tuned at W=192)" in said[0]
     _say_unreplayed(said.append, 2, 2, {"W": 192})

@@ -14,7 +14,7 @@ rational polynomial on [-9, 9], +-1 outside). Both vectorize and fuse where the 
 
 from __future__ import annotations
 
-from edgepack.backends.relax_exprs import call_rewrite_pass, dtype_of
+from edgepack.backends.relax_exprs import call_rewrite_pass, dtype_of, op_name
 
 
 def _fast_sigmoid(x):
@@ -31,16 +31,12 @@ def _fast_tanh(x):
 
 def vector_sigmoid_tanh():
     """A Relax module pass: each float32 ``R.sigmoid`` and ``R.tanh`` in SIMD-vectorizable arithmetic."""
-    import tvm
-
-    ops = {tvm.ir.Op.get("relax.sigmoid"): (_fast_sigmoid, "sigmoid"),
-           tvm.ir.Op.get("relax.tanh"): (_fast_tanh, "tanh")}
+    computes = {"relax.sigmoid": _fast_sigmoid, "relax.tanh": _fast_tanh}
 
     def rewrite(call, builder):
-        found = next((v for op, v in ops.items() if call.op.same_as(op)), None)
-        if found is None or dtype_of(call.args[0]) != "float32":
+        name = op_name(call)
+        if name not in computes or dtype_of(call.args[0]) != "float32":
             return None
-        compute, name = found
-        return builder.call_te(compute, call.args[0], primfunc_name_hint=name)
+        return builder.call_te(computes[name], call.args[0], primfunc_name_hint=name.split(".")[-1])
 
     return call_rewrite_pass("EdgepackVectorSigmoidTanh", rewrite)

@@ -32,6 +32,7 @@ import numpy as np
 
 from edgepack.backends.cpu.conv_rewrite import conv2d_rewrite_pass
 from edgepack.backends.cpu.schedules.winograd import INPUT_BLOCK, OUTPUT_BLOCK
+from edgepack.backends.program_sizes import constant_sizes
 from edgepack.backends.relax_exprs import bound_constant, dtype_of, iter_bindings, static_shape
 
 # below these the transforms (memory-bound, and serial below the parallel threshold) cost more than the
@@ -298,19 +299,15 @@ def winograd_convolutions(largest_tile: int = 4, reuse: int = 0, budget: float =
 
 
 def _candidates(mod) -> tuple[list[Candidate], int]:
-    """The convolutions of ``mod`` that ``suits``, and the bytes of all its constants."""
+    """The convolutions of ``mod`` that ``suits``, and the bytes of its constants (as the manifest counts them)."""
     import tvm
-    import tvm_ffi
     from tvm import relax
 
     conv = tvm.ir.Op.get("relax.nn.conv2d")
     found: list[Candidate] = []
-    constants: dict = {}
     for _gvar, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
-        tvm_ffi.structural_walk(func.body, [(tvm.ir.GenericConst, lambda c: constants.update({c: c}))],
-                                order="pre")
         bindings: dict = {}
         for binding in iter_bindings(func.body):
             bindings[binding.var] = value = binding.value
@@ -318,6 +315,5 @@ def _candidates(mod) -> tuple[list[Candidate], int]:
                 weight = bound_constant(value.args[1], bindings)
                 if suits(value, weight):
                     batch, out_h, out_w, _k = static_shape(value)
-                    found.append(Candidate(_key(value, weight), batch, out_h, out_w, weight.astype(np.float32).nbytes))
-    total = sum(int(c.value.numpy().nbytes) for c in constants.values() if hasattr(c.value, "numpy"))
-    return found, total
+                    found.append(Candidate(_key(value, weight), batch, out_h, out_w, weight.size * 4))  # float32
+    return found, constant_sizes(mod).bytes
