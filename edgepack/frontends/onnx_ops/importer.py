@@ -22,7 +22,7 @@ from edgepack.frontends.onnx_ops.common import _constant_of
 from edgepack.frontends.onnx_ops.registry import _SUBGRAPH_OPS, convert_map
 from edgepack.frontends.onnx_ops.static_if import StaticIfs
 from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
-from edgepack.frontends.onnx_ops.symbolic import agree_operands, shape_arithmetic
+from edgepack.frontends.onnx_ops.symbolic import agree_operands, shape_arithmetic, static_shape_as_constant
 
 
 class _Importer(_tvm.ONNXGraphImporter):
@@ -224,7 +224,7 @@ class _Importer(_tvm.ONNXGraphImporter):
 
         if isinstance(sym, relax.Expr):
             sym = self.bb.normalize(sym)
-        return sym
+        return static_shape_as_constant(sym)
 
 
 class _ModelImporter(StaticIfs, _Importer):

@@ -1,17 +1,21 @@
-"""Recurrent layers: RNN, GRU and LSTM, unrolled over the static sequence length."""
+"""Recurrent layers: RNN, GRU and LSTM, unrolled over a static sequence length; an LSTM over a symbolic one
+is a loop kernel (``recurrent_loop``)."""
 
 from __future__ import annotations
 
-from tvm import relax
+import numpy as _np
+
+from tvm import relax, tirx
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from edgepack.frontends.onnx_ops.activations import _softplus
 from edgepack.frontends.onnx_ops.common import _attr_str, _const, _dtype, _opt, _rank, _shape
+from edgepack.frontends.onnx_ops.recurrent_loop import NO_LENGTH, ActivationSpec, lstm_loop_kernel
 from edgepack.frontends.onnx_ops.registry import register
 
 
-def _rnn_activation(name: str, alpha, beta, dt: str):
-    name = name.decode() if isinstance(name, bytes) else name
+def _rnn_activation(spec: ActivationSpec, dt: str):
+    name, alpha, beta = spec.name, spec.alpha, spec.beta
     key = name.lower()
 
     def f(x):
@@ -49,19 +53,21 @@ _TAKES_ALPHA = {"leakyrelu", "hardsigmoid", "elu", "affine", "scaledtanh", "thre
 _TAKES_BETA = {"hardsigmoid", "affine", "scaledtanh"}
 
 
-def _rnn_activations(attr: dict, defaults: tuple[str, ...], num_dirs: int, dt: str):
+def _rnn_activation_specs(attr: dict, defaults: tuple[str, ...], num_dirs: int) -> list[list[ActivationSpec]]:
+    """Each direction's activations, as the node names them (``activations``, alphas and betas in turn)."""
     names = list(attr.get("activations", [])) or list(defaults) * num_dirs
     if len(names) == len(defaults) and num_dirs == 2:
         names = names * 2
     alphas, betas = list(attr.get("activation_alpha", [])), list(attr.get("activation_beta", []))
-    funcs = []
+    specs = []
     for name in names:
-        key = (name.decode() if isinstance(name, bytes) else name).lower()
+        name = name.decode() if isinstance(name, bytes) else name
+        key = name.lower()
         alpha = alphas.pop(0) if key in _TAKES_ALPHA and alphas else None
         beta = betas.pop(0) if key in _TAKES_BETA and betas else None
-        funcs.append(_rnn_activation(name, alpha, beta, dt))
+        specs.append(ActivationSpec(name, alpha, beta))
     per = len(defaults)
-    return [funcs[d * per:(d + 1) * per] for d in range(num_dirs)]
+    return [specs[d * per:(d + 1) * per] for d in range(num_dirs)]
 
 
 class _Recurrent(OnnxOpConverter):
@@ -83,12 +89,15 @@ class _Recurrent(OnnxOpConverter):
             h0 = bb.normalize(relax.op.permute_dims(h0, [1, 0, 2])) if h0 is not None else None
             extra = [bb.normalize(relax.op.permute_dims(e, [1, 0, 2])) if e is not None and _rank(e) == 3 else e
                      for e in extra]
-        seq, batch, _ = _shape(x)
+        seq, batch = x.ty.shape[0], int(x.ty.shape[1])
+        symbolic = not isinstance(seq, tirx.IntImm)
+        seq = seq if symbolic else int(seq)
         num_dirs = _shape(w)[0]
         hidden = cls.hidden_size(w)
         gh = hidden * cls.gates
         direction = _attr_str(attr, "direction", "forward")
-        acts = _rnn_activations(attr, cls.defaults, num_dirs, dt)
+        specs = _rnn_activation_specs(attr, cls.defaults, num_dirs)
+        acts = [[_rnn_activation(a, dt) for a in per_dir] for per_dir in specs]
         clip = attr.get("clip")
         ys, hs, cs = [], [], []
         for d in range(num_dirs):
@@ -102,6 +111,12 @@ class _Recurrent(OnnxOpConverter):
                 xw = bb.normalize(xw + wb)
             state = cls.initial_state(bb, h0, extra, d, batch, hidden, dt)
             reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+            if symbolic:
+                y, state = cls.loop(bb, xw, state, rd, rb, seq_lens, extra, d, specs[d], clip, reverse, dt)
+                ys.append(y)
+                hs.append(state[0])
+                cs.extend(state[1:])
+                continue
             order = range(seq - 1, -1, -1) if reverse else range(seq)
             outs = [None] * seq
             for t in order:
@@ -126,6 +141,12 @@ class _Recurrent(OnnxOpConverter):
                       [relax.op.permute_dims(e, [1, 0, 2]) for e in results[1:]]
         n = attr["tvm_custom"]["num_outputs"]
         return relax.Tuple(results[:max(n, 1)]) if n > 1 else results[0]
+
+    @classmethod
+    def loop(cls, bb, xw, state, rd, rb, seq_lens, extra, d, specs, clip, reverse, dt):
+        """One direction over a symbolic sequence length: ([seq, batch, H], final state)."""
+        raise ValueError(f"{cls.__name__.lstrip('_')} over a sequence whose length is known only at run time "
+                         "(--dim) is not supported; only LSTM is. Fix the sequence length with --input-shape.")
 
     @classmethod
     def hidden_size(cls, w) -> int:
@@ -247,3 +268,25 @@ class LSTM(_Recurrent):
             go = go + part(peep, 1) * c_new
         ot = f(cls._clip(go, clip, dt))
         return (bb.normalize(ot * hact(c_new)), c_new)
+
+    @classmethod
+    def loop(cls, bb, xw, state, rd, rb, seq_lens, extra, d, specs, clip, reverse, dt):
+        if cls.times.__func__ is not _Recurrent.times.__func__:
+            raise ValueError(f"{cls.__name__} over a sequence whose length is known only at run time (--dim) is "
+                             "not supported (only float LSTMs are). Fix the sequence length with --input-shape.")
+        batch, hidden = (int(v) for v in state[0].ty.shape)
+        if rb is not None:
+            xw = bb.normalize(xw + rb)
+        p = extra[1] if len(extra) > 1 else None
+        peep = bb.normalize(relax.op.squeeze(relax.op.strided_slice(p, [0], [d], [d + 1]), [0])) if p is not None \
+            else relax.op.zeros((3 * hidden,), dt)
+        lens = bb.normalize(relax.op.astype(seq_lens, "int32")) if seq_lens is not None \
+            else relax.const(_np.full((batch,), NO_LENGTH, "int32"), "int32")
+        kernel = lstm_loop_kernel(batch, hidden, dt, tuple(specs), clip, reverse)
+        gv = bb.add_func(kernel, "lstm_loop")
+        seq = xw.ty.shape[0]
+        out = bb.emit(relax.call_tir(gv, [xw, rd, state[0], state[1], peep, lens],
+                                     [relax.TensorType([seq, batch, hidden], dt),
+                                      relax.TensorType([batch, hidden], dt), relax.TensorType([batch, hidden], dt)]))
+        return bb.emit(relax.TupleGetItem(out, 0)), (bb.emit(relax.TupleGetItem(out, 1)),
+                                                    bb.emit(relax.TupleGetItem(out, 2)))

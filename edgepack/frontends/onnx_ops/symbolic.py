@@ -135,3 +135,17 @@ def shape_arithmetic(op_name: str, inputs: list, attrs: dict) -> relax.ShapeExpr
     if out is None or not out:
         return None
     return relax.ShapeExpr([tirx.IntImm("int64", v) if isinstance(v, int) else v for v in out])
+
+
+def static_shape_as_constant(expr):
+    """A Relax shape whose extents are all static as an int64 constant; anything else as it is.
+
+    With a symbolic input, ``Shape`` gives a Relax shape, and what is sliced or gathered from it stays one
+    even where it picks only static extents (Paddle's exports tile an LSTM's zero state by the batch size,
+    ``Concat(Shape(x)[0:1], [1, 1])``, beside a symbolic sequence length). TVM's importer lets only a few
+    operators take a shape (not Tile, Mul, Range, ...); a constant every converter takes and folds."""
+    import numpy as np
+
+    if isinstance(expr, relax.ShapeExpr) and not any(map(_symbolic, expr.values)):
+        return relax.const(np.array([int(v) for v in expr.values], "int64"), "int64")
+    return expr
