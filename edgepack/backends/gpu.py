@@ -58,6 +58,7 @@ from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target
 HOST_TARGET = {"kind": "llvm"}
 CPU_RULE = "cpu"  # what the schedule record says of a function placed on the device's CPU
 NO_RULE_CPU = "cpu (no GPU schedule)"  # ... and of one there because no GPU rule scheduled it
+SERIAL_CPU = "cpu (serial loop)"  # ... and of a kernel whose work is one serial loop (SERIAL_KERNEL_ATTR)
 DATA_DEPENDENT_ON_CPU = "its output's shape depends on the values: TVM's runtime computes it on the CPU"
 
 
@@ -102,7 +103,7 @@ class GpuReport(ScheduleReport):
     @property
     def cpu_functions(self) -> list[str]:
         """Fused functions that run on the device's CPU."""
-        return [f.name for f in self.functions if f.schedule in (CPU_RULE, NO_RULE_CPU)]
+        return [f.name for f in self.functions if f.schedule in (CPU_RULE, NO_RULE_CPU, SERIAL_CPU)]
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
@@ -239,7 +240,7 @@ def _gpu_pipeline(target, record: dict[str, str], records: TuningRecords | None,
             else:
                 legalize.append(p)
         if not gpu_only and rules:  # after the last schedule pass (adreno has two: its own rules, then dlight's)
-            legalize.insert(last_schedule, unscheduled_to_cpu(record, target, NO_RULE_CPU))
+            legalize.insert(last_schedule, unscheduled_to_cpu(record, target, NO_RULE_CPU, SERIAL_CPU))
 
     @tvm.transform.module_pass(opt_level=0, name="edgepack_gpu_pipeline")
     def _pipeline(mod, _ctx):
@@ -713,6 +714,9 @@ class GpuBackend(Backend):
         unscheduled = [f["name"] for f in extra.get("functions", []) if f["schedule"] == NO_RULE_CPU]
         if unscheduled:
             by_reason["no GPU schedule rule takes them"] = unscheduled
+        serial = [f["name"] for f in extra.get("functions", []) if f["schedule"] == SERIAL_CPU]
+        if serial:
+            by_reason["serial loops (a recurrence's steps), which one GPU thread would run far slower"] = serial
         for why, ops in by_reason.items():
             lines.append(f"  {', '.join(ops[:6])}{f' and {len(ops) - 6} more' if len(ops) > 6 else ''}: {why}")
         return lines

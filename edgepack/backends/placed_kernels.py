@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from edgepack.backends.placement import vdevices
 from edgepack.backends.relax_exprs import has_tensor, on_cpu, vdevice_of
+from edgepack.frontends.types import SERIAL_KERNEL_ATTR
 
 
 def _name(expr) -> str:
@@ -120,11 +121,12 @@ def legalized_on_cpu():
     return _pass
 
 
-def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str):
+def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str, serial_rule: str):
     """A pass right after the GPU schedules: each kernel no rule scheduled (``record``: "none") runs on
     ``target.host`` instead, as TVM's plain loops, its operands copied to the CPU and its results back to the GPU;
-    ``record`` then says ``cpu_rule`` for it. (TVM would compile it as host code handed the GPU's buffers.)
-    Such kernels are rare: edgepack's tests make one from an opaque block."""
+    ``record`` then says ``cpu_rule`` for it, or ``serial_rule`` for a kernel the importer marked serial
+    (``SERIAL_KERNEL_ATTR``: no rule is tried on those). (TVM would compile it as host code handed the GPU's
+    buffers.) Other such kernels are rare: edgepack's tests make one from an opaque block."""
     import tvm
     from tvm import relax, tirx
 
@@ -156,8 +158,9 @@ def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str):
             return mod
         gpu, cpu = vdevices(mod, target)
         for gvar in moved:
+            serial = mod[gvar].attrs is not None and bool(mod[gvar].attrs.get(SERIAL_KERNEL_ATTR))
             mod[gvar] = mod[gvar].with_attr("target", target.host)
-            record[gvar.name_hint] = cpu_rule
+            record[gvar.name_hint] = serial_rule if serial else cpu_rule
         calls = _Calls(mod, moved, gpu, cpu)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from edgepack.frontends.types import SERIAL_KERNEL_ATTR
+
 logger = logging.getLogger("edgepack.schedules")
 
 
@@ -110,6 +112,9 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                 name = gvar.name_hint
                 if is_scheduled(func):
                     record.setdefault(name, "pre-scheduled")
+                    continue
+                if func.attrs is not None and func.attrs.get(SERIAL_KERNEL_ATTR):
+                    record[name] = unscheduled(func)  # one serial loop: no rule's form (a GPU's CPU runs it)
                     continue
                 target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)
                 first_over = None  # (rule, schedule) of the first schedule over the limits

@@ -9,6 +9,10 @@ from typing import Any
 from edgepack.dims import Dims
 from edgepack.tensors import ModelFormat, TensorSpec
 
+#: the attribute of a kernel an importer wrote whose work is one serial loop (an LSTM's steps over a
+#: run-time length, ``recurrent_loop.py``): GPU builds run it on the device's CPU instead of one GPU thread
+SERIAL_KERNEL_ATTR = "edgepack.serial"
+
 
 @dataclass(frozen=True)
 class ModelInfo:

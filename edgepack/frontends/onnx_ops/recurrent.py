@@ -285,8 +285,10 @@ class LSTM(_Recurrent):
         kernel = lstm_loop_kernel(batch, hidden, dt, tuple(specs), clip, reverse)
         gv = bb.add_func(kernel, "lstm_loop")
         seq = xw.ty.shape[0]
-        out = bb.emit(relax.call_tir(gv, [xw, rd, state[0], state[1], peep, lens],
+        state0 = bb.normalize(relax.op.stack(list(state), axis=0))
+        out = bb.emit(relax.call_tir(gv, [xw, rd, state0, peep, lens],
                                      [relax.TensorType([seq, batch, hidden], dt),
-                                      relax.TensorType([batch, hidden], dt), relax.TensorType([batch, hidden], dt)]))
-        return bb.emit(relax.TupleGetItem(out, 0)), (bb.emit(relax.TupleGetItem(out, 1)),
-                                                    bb.emit(relax.TupleGetItem(out, 2)))
+                                      relax.TensorType([2, batch, hidden], dt)]))
+        last = bb.emit(relax.TupleGetItem(out, 1))
+        h, c = (bb.normalize(relax.op.squeeze(relax.op.strided_slice(last, [0], [i], [i + 1]), [0])) for i in (0, 1))
+        return bb.emit(relax.TupleGetItem(out, 0)), (h, c)

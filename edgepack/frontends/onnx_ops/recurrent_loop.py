@@ -7,8 +7,10 @@ and per batch item a serial loop over the steps multiplies the hidden state by t
 applies the gates and writes the step's output. The state lives in three small local buffers.
 
 As the post-processing kernels (``processing/kernels.py``), the body is plain loops, one block per batch
-item: a CPU runs them as written (the gate loops vectorize), a GPU's fallback rule binds the batch items to
-threads. ``sequence_lens`` (ONNX: steps past a sequence's length output zeros and keep the state) is an
+item: a CPU runs them as written (the gate loops vectorize). A GPU would run each batch item's steps in one
+thread, slower than the CPU by far (and lavapipe stops a shader's loops after 65535 iterations), so the kernel
+is marked serial (``SERIAL_KERNEL_ATTR``) and GPU builds run it on the device's CPU, as LiteRT's GPU delegate
+leaves LSTMs to the CPU. ``sequence_lens`` (ONNX: steps past a sequence's length output zeros and keep the state) is an
 int32 operand; where the model has none edgepack passes the largest int32, so every step is live.
 """
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tvm.script import tirx as T
+
+from edgepack.frontends.types import SERIAL_KERNEL_ATTR
 
 NO_LENGTH = 2 ** 31 - 1  # sequence_lens of a model without them: every step is live
 
@@ -64,9 +68,9 @@ def lstm_loop_kernel(batch: int, hidden: int, dtype: str, activations: tuple, cl
     """One direction of an ONNX LSTM over ``seq`` (symbolic) steps.
 
     Operands: xw [seq, batch, 4H] (the input projections with both biases added, gates in ONNX's order
-    i, o, f, c), r [H, 4H] (the recurrent weights, transposed), h0 and c0 [batch, H], peep [3H] (the
-    peepholes i, o, f; zeros for none), lens [batch] int32. Results: y [seq, batch, H], y_h and y_c
-    [batch, H]."""
+    i, o, f, c), r [H, 4H] (the recurrent weights, transposed), state0 [2, batch, H] (h0 and c0), peep [3H]
+    (the peepholes i, o, f; zeros for none), lens [batch] int32. Results: y [seq, batch, H] and state
+    [2, batch, H] (the last h and c). Seven tensors: within WebGPU's eight storage buffers per shader."""
     f, g, h_act = (_activation(a, dtype) for a in activations)
     gates = 4 * hidden
     zero = T.Cast(dtype, 0)
@@ -78,44 +82,47 @@ def lstm_loop_kernel(batch: int, hidden: int, dtype: str, activations: tuple, cl
         return seq - 1 - s if reverse else s
 
     @T.prim_func(private=True, s_tir=True)
-    def lstm_loop(var_xw: T.handle, r: T.Buffer((hidden, gates), dtype), h0: T.Buffer((batch, hidden), dtype),
-                  c0: T.Buffer((batch, hidden), dtype), peep: T.Buffer((3 * hidden,), dtype),
-                  lens: T.Buffer((batch,), "int32"), var_y: T.handle, y_h: T.Buffer((batch, hidden), dtype),
-                  y_c: T.Buffer((batch, hidden), dtype)):
-        T.func_attr({"tirx.noalias": True, "op_pattern": 8})  # opaque: never fused with its neighbours
+    def lstm_loop(var_xw: T.handle, r: T.Buffer((hidden, gates), dtype), state0: T.Buffer((2, batch, hidden), dtype),
+                  peep: T.Buffer((3 * hidden,), dtype), lens: T.Buffer((batch,), "int32"), var_y: T.handle,
+                  state: T.Buffer((2, batch, hidden), dtype)):
+        T.func_attr({"tirx.noalias": True, "op_pattern": 8, SERIAL_KERNEL_ATTR: True})  # opaque: never fused
         seq = T.int64()
         xw = T.match_buffer(var_xw, (seq, batch, gates), dtype)
         y = T.match_buffer(var_y, (seq, batch, hidden), dtype)
         for b in range(batch):
             with T.sblock("lstm_loop"):
                 vb = T.axis.spatial(batch, b)
-                T.reads(xw[0:seq, vb, 0:gates], r[0:hidden, 0:gates], h0[vb, 0:hidden], c0[vb, 0:hidden],
-                        peep[0:3 * hidden], lens[vb])
-                T.writes(y[0:seq, vb, 0:hidden], y_h[vb, 0:hidden], y_c[vb, 0:hidden])
+                T.reads(xw[0:seq, vb, 0:gates], r[0:hidden, 0:gates], state0[0:2, vb, 0:hidden], peep[0:3 * hidden],
+                        lens[vb])
+                T.writes(y[0:seq, vb, 0:hidden], state[0:2, vb, 0:hidden])
                 h = T.alloc_buffer((hidden,), dtype, scope="local")
                 c = T.alloc_buffer((hidden,), dtype, scope="local")
                 acc = T.alloc_buffer((gates,), dtype, scope="local")
-                new = T.alloc_buffer((2,), dtype, scope="local")  # this step's c and h of one unit
+                at = T.alloc_buffer((1,), "int32", scope="local")  # int32: WGSL has no 64-bit integers
+                cell = T.alloc_buffer((2,), dtype, scope="local")  # c and h of one unit (WGSL reserves "new")
                 for j in range(hidden):
-                    h[j] = h0[vb, j]
-                    c[j] = c0[vb, j]
+                    h[j] = state0[0, vb, j]
+                    c[j] = state0[1, vb, j]
                 for s in range(seq):
+                    # the step's position, kept in a buffer: a reversed index bound by common-subexpression
+                    # elimination came out of the loop as a kernel argument in WGSL (wrong numbers)
+                    at[0] = T.Cast("int32", step(s, seq))
                     for q in range(gates):
-                        acc[q] = xw[step(s, seq), vb, q]
+                        acc[q] = xw[at[0], vb, q]
                     for k, q in T.grid(hidden, gates):
                         acc[q] = acc[q] + h[k] * r[k, q]
                     for j in range(hidden):
-                        new[0] = f(clipped(acc[2 * hidden + j] + peep[2 * hidden + j] * c[j])) * c[j] \
+                        cell[0] = f(clipped(acc[2 * hidden + j] + peep[2 * hidden + j] * c[j])) * c[j] \
                             + f(clipped(acc[j] + peep[j] * c[j])) * g(clipped(acc[3 * hidden + j]))
-                        new[1] = f(clipped(acc[hidden + j] + peep[hidden + j] * new[0])) * h_act(new[0])
-                        if T.Cast("int64", lens[vb]) > step(s, seq):
-                            y[step(s, seq), vb, j] = new[1]
-                            h[j] = new[1]
-                            c[j] = new[0]
+                        cell[1] = f(clipped(acc[hidden + j] + peep[hidden + j] * cell[0])) * h_act(cell[0])
+                        if lens[vb] > at[0]:
+                            y[at[0], vb, j] = cell[1]
+                            h[j] = cell[1]
+                            c[j] = cell[0]
                         else:
-                            y[step(s, seq), vb, j] = zero
+                            y[at[0], vb, j] = zero
                 for j in range(hidden):
-                    y_h[vb, j] = h[j]
-                    y_c[vb, j] = c[j]
+                    state[0, vb, j] = h[j]
+                    state[1, vb, j] = c[j]
 
     return lstm_loop
