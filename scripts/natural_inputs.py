@@ -105,6 +105,12 @@ def make_natural_input(kind: str, wheels: Path) -> list[np.ndarray]:
     if kind == "speech_vad":  # Silero VAD: 64 samples of context + a 512-sample frame of speech, no state yet
         samples = _speech(wheels)[SPEECH_START:SPEECH_START + 576]
         return [samples[None].astype(np.float32), np.zeros((2, 1, 128), np.float32), np.array(16000, np.int64)]
+    if kind == "speech_1280_int16":  # openWakeWord's melspectrogram: 80 ms of speech in int16's units, as float
+        return [(_speech(wheels)[SPEECH_START:SPEECH_START + 1280] * 32768.0)[None].astype(np.float32)]
+    if kind == "speech_vad_v4":  # Silero VAD v4: a 1536-sample frame of speech at 16 kHz, no state yet
+        samples = _speech(wheels)[SPEECH_START:SPEECH_START + 1536]
+        zeros = np.zeros((2, 1, 64), np.float32)
+        return [samples[None].astype(np.float32), np.array(16000, np.int64), zeros, zeros]
     raise ValueError(f"no natural input of kind {kind!r}")
 
 

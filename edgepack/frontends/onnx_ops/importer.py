@@ -22,7 +22,12 @@ from edgepack.frontends.onnx_ops.common import _constant_of
 from edgepack.frontends.onnx_ops.registry import _SUBGRAPH_OPS, convert_map
 from edgepack.frontends.onnx_ops.static_if import StaticIfs
 from edgepack.frontends.onnx_ops.subbyte import _SUBBYTE_TYPES, SUBBYTE_CONTAINERS, container_dtype, to_container
-from edgepack.frontends.onnx_ops.symbolic import agree_operands, shape_arithmetic, static_shape_as_constant
+from edgepack.frontends.onnx_ops.symbolic import (
+    agree_operands,
+    folded_shape_arithmetic,
+    shape_arithmetic,
+    static_shape_as_constant,
+)
 
 
 class _Importer(_tvm.ONNXGraphImporter):
@@ -217,13 +222,14 @@ class _Importer(_tvm.ONNXGraphImporter):
         converter = self._edgepack_map[op_name].get_converter(opset)
         shape = shape_arithmetic(op_name, inputs, attrs)
         if shape is not None:
-            return shape
+            return static_shape_as_constant(shape)
         inputs = agree_operands(self.bb, op_name, inputs, attrs)
         sym = converter(self.bb, inputs, attrs, [self._nodes, self._params])
         from tvm import relax
 
         if isinstance(sym, relax.Expr):
             sym = self.bb.normalize(sym)
+            sym = folded_shape_arithmetic(op_name, inputs, attrs, sym)
         return static_shape_as_constant(sym)
 
 

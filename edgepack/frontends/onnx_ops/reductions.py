@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as _np
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as _tvm
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
@@ -25,7 +25,7 @@ class _ReduceExtreme(OnnxOpConverter):
             if attr.get("axes") is not None:
                 return _reduce(cls.op_type)(x, [int(a) for a in attr["axes"]], bool(attr.get("keepdims", 1)))
             return tvm_conv(bb, inputs, attr, params)
-        shape = _shape(x)
+        shape = list(x.ty.shape)  # extents: symbolic ones (--dim) stay expressions
         axes = attr.get("axes")
         if axes is None and len(inputs) > 1 and inputs[1] is not None:
             axes = _const_value(inputs[1])
@@ -33,7 +33,9 @@ class _ReduceExtreme(OnnxOpConverter):
             return x
         axes = list(range(len(shape))) if axes is None or len(axes) == 0 else [int(a) % len(shape) for a in axes]
         keep = attr.get("keepdims", 1)
-        if any(shape[a] == 0 for a in axes):
+        if any(isinstance(shape[a], tirx.IntImm) and int(shape[a]) == 0 for a in axes) \
+                and all(isinstance(d, tirx.IntImm) for d in shape):
+            shape = _shape(x)
             out_shape = [1 if a in axes else d for a, d in enumerate(shape)] if keep else \
                 [d for a, d in enumerate(shape) if a not in axes]
             dt = _dtype(x)

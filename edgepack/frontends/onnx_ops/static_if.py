@@ -155,10 +155,33 @@ class StaticIfs:
                 shape = None
             if shape is not None:
                 return relax.const(np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64), "int64")
+        inputs = self._with_arm_shapes(inputs)
         result = super()._convert_operator(op_name, inputs, attrs, opset)
         node = (attrs.get("tvm_custom") or {}).get("name") if isinstance(attrs, dict) else None
         if node:
             self._static_node_names.append((result, str(node)))
+        return result
+
+    def _with_arm_shapes(self, inputs):
+        """``inputs`` with each If result whose arms have the same shape cast to that shape.
+
+        Relax types an If by what its arms have in common and keeps a symbolic extent only where it is a plain
+        variable: both arms ``(1, 1, 512 * n + 192)`` (``--dim N=512..1536:512``, Silero's STFT input) give a
+        rank-3 tensor of unknown shape, which the LSTM after it cannot take. The cast (``match_cast``, checked
+        at run time) restores what both arms say."""
+        from tvm import relax
+
+        result = type(inputs)(inputs)  # TVM's onnx_input: None past its end
+        for i, x in enumerate(inputs):
+            if not isinstance(x, relax.Var) or not isinstance(x.ty, relax.TensorType) or x.ty.shape is not None:
+                continue
+            bound = self.bb.lookup_binding(x)
+            if not isinstance(bound, relax.If):
+                continue
+            arms = [getattr(arm, "body", arm).ty for arm in (bound.true_branch, bound.false_branch)]
+            if all(isinstance(t, relax.TensorType) and t.shape is not None for t in arms) \
+                    and _same_type(arms[0], arms[1]):
+                result[i] = self.bb.match_cast(x, arms[0])
         return result
 
     def _graph_by_key(self, key: tuple):
@@ -225,6 +248,12 @@ class StaticIfs:
 
     def _static_shape(self, name: str) -> list[int]:
         return _shape_of(self._nodes.get(name))
+
+
+def _same_type(a, b) -> bool:
+    import tvm_ffi
+
+    return bool(tvm_ffi.structural_equal(a, b))
 
 
 def _static_int(value) -> int:

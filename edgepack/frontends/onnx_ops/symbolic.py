@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import relax, tirx
 from tvm.sym import Analyzer
 
-from edgepack.frontends.onnx_ops.common import _const_value
+from edgepack.frontends.onnx_ops.common import _const_value, _reference_constant
 
 # operators whose operands broadcast against each other (or, Concat, agree off its axis)
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
@@ -149,3 +149,35 @@ def static_shape_as_constant(expr):
     if isinstance(expr, relax.ShapeExpr) and not any(map(_symbolic, expr.values)):
         return relax.const(np.array([int(v) for v in expr.values], "int64"), "int64")
     return expr
+
+
+FOLDED_ELEMENTS = 64  # the most elements of an integer or bool result computed at import (shape arithmetic)
+
+
+def folded_shape_arithmetic(op_name: str, inputs: list, attrs: dict, result):
+    """``result`` (a converter's output) as a constant where it is a small integer or bool tensor computed
+    from constants only; anything else as it is.
+
+    With fixed input shapes ONNX Runtime folds an exporter's shape arithmetic before import; with a symbolic
+    one (``--dim``) it stays, and some of TVM's converters compute on constants at run time (a Slice of step
+    -1: Silero's STFT pads, ``Concat -> Reshape -> Slice(::-1) -> Transpose -> Reshape``), after which Pad
+    refuses its pads as dynamic; an ``Equal`` of two extents would leave the ``If`` it decides to the run time.
+    ONNX's reference evaluates the node instead."""
+    import numpy as np
+
+    ty = getattr(result, "ty", None)
+    if not isinstance(result, relax.Call) or not isinstance(ty, relax.TensorType) or ty.shape is None \
+            or str(ty.dtype) not in ("int32", "int64", "bool"):
+        return result
+    dims = [d for d in ty.shape]
+    if any(_symbolic(d) for d in dims) or int(np.prod([int(d) for d in dims])) > FOLDED_ELEMENTS:
+        return result
+    values = [_const_value(x) if x is not None else None for x in inputs]
+    present = [v for x, v in zip(inputs, values) if x is not None]
+    if not present or any(v is None for v in present):
+        return result
+    try:
+        value = _reference_constant(op_name, attrs, [v for v in values if v is not None])
+    except Exception:  # noqa: BLE001  the reference cannot evaluate it: leave it to the run time
+        return result
+    return relax.const(value.astype(str(ty.dtype)), str(ty.dtype))
