@@ -1054,3 +1054,49 @@ def onnx_doubles(path: Path) -> Path:
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def onnx_lstm_any_length(path: Path, *, seed: int = 0, features: int = 12, hidden: int = 24, batch: int = 2,
+                         sequence_lens: bool = False) -> Path:
+    """Two bidirectional LSTM layers over a sequence of any length ``T``: the first with peepholes, a clip,
+    HardSigmoid/Tanh/Relu activations in one direction and the defaults in the other, initial states from
+    the model's inputs (``h0``, ``c0``); the second over the first's outputs (both directions concatenated),
+    with zero initial states. ``sequence_lens``: an int32 input of each batch item's length (steps past it
+    output zeros and keep the state). Outputs: the second layer's Y and the first layer's Y_h and Y_c."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = []
+
+    def const(name, shape, scale=0.4):
+        inits.append(numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name))
+        return name
+
+    gates = 4 * hidden
+    state = [2, batch, hidden]
+    lens = "lens" if sequence_lens else ""
+    first = helper.make_node(
+        "LSTM", ["x", const("w1", (2, gates, features)), const("r1", (2, gates, hidden)), const("b1", (2, 2 * gates)),
+                 lens, "h0", "c0", const("p1", (2, 3 * hidden))], ["y1", "y1_h", "y1_c"], hidden_size=hidden,
+        direction="bidirectional", clip=2.5,
+        activations=["HardSigmoid", "Tanh", "Relu", "Sigmoid", "Tanh", "Tanh"], activation_alpha=[0.25],
+        activation_beta=[0.45])
+    nodes = [first, helper.make_node("Transpose", ["y1"], ["y1t"], perm=[0, 2, 1, 3]),  # [T, B, 2, H]
+             helper.make_node("Reshape", ["y1t", "flat"], ["y1f"]),
+             helper.make_node("LSTM", ["y1f", const("w2", (2, gates, 2 * hidden)), const("r2", (2, gates, hidden)),
+                                       const("b2", (2, 2 * gates)), lens], ["y"], hidden_size=hidden,
+                              direction="bidirectional")]
+    flat = [0, 0, 2 * hidden]
+    inits.append(numpy_helper.from_array(np.array(flat, np.int64), "flat"))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", batch, features]),
+              helper.make_tensor_value_info("h0", TensorProto.FLOAT, state),
+              helper.make_tensor_value_info("c0", TensorProto.FLOAT, state)]
+    if sequence_lens:
+        inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [batch]))
+    y_shape = ["T", 2, batch, hidden]
+    graph = helper.make_graph(nodes, "lstm_any_length", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape),
+                               helper.make_tensor_value_info("y1_h", TensorProto.FLOAT, state),
+                               helper.make_tensor_value_info("y1_c", TensorProto.FLOAT, state)], inits)
+    return _save_opset17(graph, path)

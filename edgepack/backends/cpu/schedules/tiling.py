@@ -70,6 +70,13 @@ PARALLEL_MIN_ELEMENTS = 1 << 14
 MAX_UNROLLED_PADDING = 1024
 
 
+# The most taps of a window unrolled in a depthwise kernel (a 7x7 window: 49). A convolution of one input
+# channel is such a kernel too, and an STFT's is 256 taps wide (Silero VAD's 1-D convolution over raw
+# samples): unrolled, every tap was a copy of the register tile's loop, 3072 loops behind bounds checks at a
+# run-time length, which LLVM took 8 minutes to compile.
+MAX_UNROLLED_TAPS = 64
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -227,9 +234,11 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
     sch.unroll(body[-2])
     if register is not None:
         sch.unroll(body[-3])
-    if anatomy.window and anatomy.channel_reduction == 1:  # depthwise: the window unrolled, so that the
-        for loop in reductions:  # taps of neighbouring pixels share their loads (and bounds checks):
-            sch.unroll(loop)  # Zen 4, BlazeFace's 64x64x24 3x3 0.056 -> 0.051 ms, MobileNetV2's 7x7x960 0.027 -> 0.025
+    taps = prod(static_extent(sch, loop) or MAX_UNROLLED_TAPS + 1 for loop in reductions)
+    if anatomy.window and anatomy.channel_reduction == 1 and taps <= MAX_UNROLLED_TAPS:  # depthwise: the
+        for loop in reductions:  # window unrolled, so that the taps of neighbouring pixels share their loads
+            sch.unroll(loop)  # (and bounds checks): Zen 4, BlazeFace's 64x64x24 3x3 0.056 -> 0.051 ms,
+            # MobileNetV2's 7x7x960 0.027 -> 0.025
     tile_loops = sch.get_loops(write_back)[2 if channel_tiles else 1:]  # the write-back's own loops
     store_tile(sch, write_back, tile_loops, tile.lanes, cpu.lanes(anatomy.dtype_bits), cropped)
     sch.decompose_reduction(block, reductions[0])
