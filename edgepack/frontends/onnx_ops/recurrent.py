@@ -4,7 +4,6 @@ is a loop kernel (``recurrent_loop``)."""
 from __future__ import annotations
 
 import numpy as _np
-
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 

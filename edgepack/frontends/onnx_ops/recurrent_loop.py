@@ -16,8 +16,9 @@ int32 operand; where the model has none edgepack passes the largest int32, so ev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tvm.script import tirx as T
 
