@@ -172,12 +172,14 @@ def folded_shape_arithmetic(op_name: str, inputs: list, attrs: dict, result):
     dims = [d for d in ty.shape]
     if any(_symbolic(d) for d in dims) or int(np.prod([int(d) for d in dims])) > FOLDED_ELEMENTS:
         return result
-    values = [_const_value(x) if x is not None else None for x in inputs]
-    present = [v for x, v in zip(inputs, values) if x is not None]
-    if not present or any(v is None for v in present):
+    given = list(inputs)
+    while given and given[-1] is None:  # trailing optional inputs left out
+        given.pop()
+    values = [_const_value(x) if x is not None else None for x in given]
+    if not values or any(v is None for v in values):  # a run-time operand, or an optional one skipped
         return result
     try:
-        value = _reference_constant(op_name, attrs, [v for v in values if v is not None])
+        value = _reference_constant(op_name, attrs, values)
     except Exception:  # noqa: BLE001  the reference cannot evaluate it: leave it to the run time
         return result
     return relax.const(value.astype(str(ty.dtype)), str(ty.dtype))
