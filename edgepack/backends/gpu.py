@@ -58,7 +58,7 @@ from edgepack.toolchain.plugins import Plugin, PluginRecipe, host_plugin, target
 HOST_TARGET = {"kind": "llvm"}
 CPU_RULE = "cpu"  # what the schedule record says of a function placed on the device's CPU
 NO_RULE_CPU = "cpu (no GPU schedule)"  # ... and of one there because no GPU rule scheduled it
-SERIAL_CPU = "cpu (serial loop)"  # ... and of a kernel whose work is one serial loop (SERIAL_KERNEL_ATTR)
+SERIAL_CPU = "cpu (serial loop)"  # ... and of a kernel whose work is one serial loop (is_serial_kernel)
 DATA_DEPENDENT_ON_CPU = "its output's shape depends on the values: TVM's runtime computes it on the CPU"
 
 
@@ -711,12 +711,11 @@ class GpuBackend(Backend):
         by_reason: dict[str, list[str]] = {}
         for op, why in operators.items():
             by_reason.setdefault(why, []).append(op)
-        unscheduled = [f["name"] for f in extra.get("functions", []) if f["schedule"] == NO_RULE_CPU]
-        if unscheduled:
-            by_reason["no GPU schedule rule takes them"] = unscheduled
-        serial = [f["name"] for f in extra.get("functions", []) if f["schedule"] == SERIAL_CPU]
-        if serial:
-            by_reason["serial loops (a recurrence's steps), which one GPU thread would run far slower"] = serial
+        for rule, why in ((NO_RULE_CPU, "no GPU schedule rule takes them"),
+                          (SERIAL_CPU, "serial loops (a recurrence's steps), which one GPU thread would run far slower")):
+            moved = [f["name"] for f in extra.get("functions", []) if f["schedule"] == rule]
+            if moved:
+                by_reason[why] = moved
         for why, ops in by_reason.items():
             lines.append(f"  {', '.join(ops[:6])}{f' and {len(ops) - 6} more' if len(ops) > 6 else ''}: {why}")
         return lines

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from edgepack.backends.placement import vdevices
 from edgepack.backends.relax_exprs import has_tensor, on_cpu, vdevice_of
-from edgepack.frontends.types import SERIAL_KERNEL_ATTR
+from edgepack.frontends.types import is_serial_kernel
 
 
 def _name(expr) -> str:
@@ -125,7 +125,7 @@ def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str, serial_rul
     """A pass right after the GPU schedules: each kernel no rule scheduled (``record``: "none") runs on
     ``target.host`` instead, as TVM's plain loops, its operands copied to the CPU and its results back to the GPU;
     ``record`` then says ``cpu_rule`` for it, or ``serial_rule`` for a kernel the importer marked serial
-    (``SERIAL_KERNEL_ATTR``: no rule is tried on those). (TVM would compile it as host code handed the GPU's
+    (``is_serial_kernel``: no rule is tried on those). (TVM would compile it as host code handed the GPU's
     buffers.) Other such kernels are rare: edgepack's tests make one from an opaque block."""
     import tvm
     from tvm import relax, tirx
@@ -158,9 +158,8 @@ def unscheduled_to_cpu(record: dict[str, str], target, cpu_rule: str, serial_rul
             return mod
         gpu, cpu = vdevices(mod, target)
         for gvar in moved:
-            serial = mod[gvar].attrs is not None and bool(mod[gvar].attrs.get(SERIAL_KERNEL_ATTR))
+            record[gvar.name_hint] = serial_rule if is_serial_kernel(mod[gvar]) else cpu_rule
             mod[gvar] = mod[gvar].with_attr("target", target.host)
-            record[gvar.name_hint] = serial_rule if serial else cpu_rule
         calls = _Calls(mod, moved, gpu, cpu)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):

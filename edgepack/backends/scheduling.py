@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from edgepack.frontends.types import SERIAL_KERNEL_ATTR
+from edgepack.frontends.types import is_serial_kernel
 
 logger = logging.getLogger("edgepack.schedules")
 
@@ -113,7 +113,7 @@ def recording_schedule_pass(rules: Sequence, record: dict[str, str],
                 if is_scheduled(func):
                     record.setdefault(name, "pre-scheduled")
                     continue
-                if func.attrs is not None and func.attrs.get(SERIAL_KERNEL_ATTR):
+                if is_serial_kernel(func):
                     record[name] = unscheduled(func)  # one serial loop: no rule's form (a GPU's CPU runs it)
                     continue
                 target = func.attrs.get("target") or tvm.target.Target.current(allow_none=False)

@@ -14,6 +14,11 @@ from edgepack.tensors import ModelFormat, TensorSpec
 SERIAL_KERNEL_ATTR = "edgepack.serial"
 
 
+def is_serial_kernel(func) -> bool:
+    """Whether a PrimFunc carries ``SERIAL_KERNEL_ATTR``."""
+    return func.attrs is not None and bool(func.attrs.get(SERIAL_KERNEL_ATTR))
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What a model file contains, as read without compiling it."""

@@ -169,6 +169,7 @@ class StaticIfs:
         variable: both arms ``(1, 1, 512 * n + 192)`` (``--dim N=512..1536:512``, Silero's STFT input) give a
         rank-3 tensor of unknown shape, which the LSTM after it cannot take. The cast (``match_cast``, checked
         at run time) restores what both arms say."""
+        import tvm_ffi
         from tvm import relax
 
         result = type(inputs)(inputs)  # TVM's onnx_input: None past its end
@@ -180,7 +181,7 @@ class StaticIfs:
                 continue
             arms = [getattr(arm, "body", arm).ty for arm in (bound.true_branch, bound.false_branch)]
             if all(isinstance(t, relax.TensorType) and t.shape is not None for t in arms) \
-                    and _same_type(arms[0], arms[1]):
+                    and tvm_ffi.structural_equal(arms[0], arms[1]):
                 result[i] = self.bb.match_cast(x, arms[0])
         return result
 
@@ -248,12 +249,6 @@ class StaticIfs:
 
     def _static_shape(self, name: str) -> list[int]:
         return _shape_of(self._nodes.get(name))
-
-
-def _same_type(a, b) -> bool:
-    import tvm_ffi
-
-    return bool(tvm_ffi.structural_equal(a, b))
 
 
 def _static_int(value) -> int:
