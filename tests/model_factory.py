@@ -664,6 +664,31 @@ def onnx_large_weights(path: Path, *, seed: int = 0) -> Path:
     return _save_opset17(graph, path)
 
 
+def onnx_sparse_convs(path: Path, *, seed: int = 0) -> Path:
+    """Convolutions whose weights are mostly zeros (pruned, as MediaPipe's sparse face detector's): a 3x3
+    convolution 16 -> 64 with 80% zeros, a 3x3 one 64 -> 64 with 85%, a 1x1 one 64 -> 96 with 75%, and a
+    dense 1x1 one to 8 channels. Input ``x`` [1, 16, 20, 20], output ``y`` [1, 8, 20, 20]."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    layers = _ConvLayers(seed)
+    h = layers.conv("x", "c1", 64, 16, 3)
+    h = layers.conv(h, "c2", 64, 64, 3)
+    h = layers.conv(h, "c3", 96, 64, 1)
+    layers.conv(h, "y", 8, 96, 1, relu6=False)
+    rng = np.random.default_rng(seed + 1)
+    for init in layers.inits:
+        zeros = {"c1_w": 0.8, "c2_w": 0.85, "c3_w": 0.75}.get(init.name)
+        if zeros is not None:
+            w = np.frombuffer(init.raw_data, np.float32).copy()
+            w[rng.random(w.size) < zeros] = 0
+            init.raw_data = (w * np.sqrt(1 / (1 - zeros))).astype(np.float32).tobytes()  # the same variance
+    graph = helper.make_graph(
+        layers.nodes, "sparse_convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 20, 20])], layers.inits)
+    return _save_opset17(graph, path)
+
+
 def onnx_conv_lstm_classifier(path: Path, *, seed: int = 0, classes: int = 1001) -> Path:
     """A CRNN in small (PP-OCRv2's recogniser's form): convolutions over a 8x40 text line, its columns as a
     sequence through a bidirectional LSTM (imported as steps stacked at the end), a classifier of an odd

@@ -101,9 +101,11 @@ def library_lines(sizes) -> list[tuple[str, str]]:
     constants = sizes.constants
     if constants is not None:
         largest = ", ".join(f"{dtype} {_shape(shape)} {_size(n)}" for dtype, shape, n in constants.largest)
-        text += (f": constants {_size(constants.bytes)} in {constants.count} tensors"
-                 + (f" (largest {largest})" if largest else "")
-                 + f", kernels and program {_size(max(sizes.library_bytes - constants.bytes, 0))}")
+        text += f": constants {_size(constants.bytes)} in {constants.count} tensors" + (f" (largest {largest})" if largest else "")
+        if constants.bytes < sizes.library_bytes:
+            text += f", kernels and program {_size(sizes.library_bytes - constants.bytes)}"
+        else:  # mostly zeros: the program is stored compressed (toolchain/packed_kernels.py), decoded at load
+            text += ", stored compressed with the program (decoded when the library is loaded)"
     lines = [("library size", text)]
     if sizes.run_memory is not None:
         lines.append(("run memory", (f"{_size(sizes.run_memory)} (intermediate tensors as memory planning packed "

@@ -25,9 +25,15 @@ from pathlib import Path
 
 from edgepack.errors import ToolchainError
 from edgepack.toolchain.process import run, tail
+from edgepack.toolchain.sources import LIBRARY, source_dir
 
 #: The suffix of a compressed module's kind.
 SUFFIX = "_lz4"
+#: The Relax program (bytecode and constants): stored compressed only where that saves ``PROGRAM_MIN_SAVING``
+#: of its bytes (mostly-zero weights: a pruned model's), and then decoded by the library itself at load
+#: (``runtimes/library/unpack_program.cc``, compiled in), so that any TVM runtime loads it.
+PROGRAM_KIND = "relax.VMExecutable"
+PROGRAM_MIN_SAVING = 0.2
 BLOB_SYMBOL = "__tvm_ffi__library_bin"
 
 #: The modules to compress, by kind, each with what its bytes lose first (``Backend.packed_modules``).
@@ -82,8 +88,9 @@ def compress_kernels(blob: bytes, packed: Packed) -> tuple[bytes, dict[str, tupl
             plain = packed[kind](data)
             block = struct.pack("<Q", len(plain)) + lz4.block.compress(
                 plain, mode="high_compression", compression=12, store_size=False)
-            sizes[kind] = (len(data), len(block))
-            kind, data = kind + SUFFIX, block
+            if kind != PROGRAM_KIND or len(block) <= (1 - PROGRAM_MIN_SAVING) * len(data):
+                sizes[kind] = (len(data), len(block))
+                kind, data = kind + SUFFIX, block
         out += [encode_str(kind.encode()), encode_str(data)]
     if r.at != len(blob):
         raise ToolchainError(f"The library blob TVM wrote has {len(blob) - r.at} bytes after its last module.",
@@ -107,11 +114,12 @@ def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes
     names compressed, as an object made by ``compiler`` (the library's own C or C++ compiler, with
     ``options``). ``sizes`` receives per module kind (bytes before, bytes after)."""
     import tvm_ffi
+    import tvm_ffi.libinfo
 
     def fpack(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
         tvm_c = tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(module, is_system_lib, prefix)
         blob = _blob_of(tvm_c)
-        repacked, found = compress_kernels(blob[8:], packed)
+        repacked, found = compress_kernels(blob[8:], {PROGRAM_KIND: lambda data: data, **packed})
         if sizes is not None:
             sizes.update(found)
         work = Path(workspace_dir)
@@ -119,15 +127,23 @@ def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes
         blob_path.write_bytes(struct.pack("<Q", len(repacked)) + repacked)
         symbol = f"{prefix}{BLOB_SYMBOL}"
         source = ['#ifdef __cplusplus\nextern "C" {\n#endif\n', _assembly(symbol, blob_path.resolve())]
+        flags = []
+        if PROGRAM_KIND in found:  # the library decodes its own program (a C++ static initialiser)
+            unpack = source_dir(LIBRARY) / "unpack_program.cc"
+            epilogue = f'#include "{unpack}"\n'
+            flags = ["-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
+        else:
+            epilogue = ""
         if is_system_lib:  # as TVM's: the program's system library finds the blob by name
             source.append(f"extern const unsigned char {symbol}[];\n"
                           "extern int TVMFFIEnvModRegisterSystemLibSymbol(const char*, void*);\n"
                           f'static int {symbol}_reg_ = TVMFFIEnvModRegisterSystemLibSymbol("{symbol}", '
                           f"(void*){symbol});\n")
         source.append("#ifdef __cplusplus\n}\n#endif\n")
+        source.append(epilogue)
         c_path, obj_path = work / f"{prefix}devc.cc", work / f"{prefix}devc.o"
         c_path.write_text("".join(source))
-        result = run([compiler, *(options or []), "-fPIC", "-c", str(c_path), "-o", str(obj_path)])
+        result = run([compiler, *(options or []), *flags, "-fPIC", "-c", str(c_path), "-o", str(obj_path)])
         if result.returncode != 0:
             raise ToolchainError(f"Assembling the library's kernels with {compiler} failed.", tail(result.stderr))
         return str(obj_path)
@@ -135,24 +151,16 @@ def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes
     return fpack
 
 
-#: Set to 1 to keep the kernel text plain in libraries (to read it with ``strings``, or patch it in a test).
+#: Set to 1 to keep the kernel text and the program plain in libraries (to read them with ``strings``, or
+#: patch them in a test).
 PLAIN_ENV = "EDGEPACK_PLAIN_KERNELS"
 
 
 def packing(executable, compiler: str, options: list[str] | None, packed: Packed) -> dict:
     """``export_library``'s keyword arguments that store ``executable``'s modules of the kinds ``packed`` names
-    compressed: none where it has none or ``$EDGEPACK_PLAIN_KERNELS`` is 1."""
-    if os.environ.get(PLAIN_ENV) == "1" or not _imports_one_of(executable, packed):
+    compressed, and its Relax program where that pays (``PROGRAM_MIN_SAVING``): none where
+    ``$EDGEPACK_PLAIN_KERNELS`` is 1."""
+    del executable  # every executable has a program
+    if os.environ.get(PLAIN_ENV) == "1":
         return {}
     return {"fpack_imports": pack_imports(compiler, options, packed)}
-
-
-def _imports_one_of(executable, kinds) -> bool:
-    """Whether a compiled executable imports a module of one of ``kinds``."""
-    stack = [executable.mod if hasattr(executable, "mod") else executable]
-    while stack:
-        m = stack.pop()
-        if m.kind in kinds:
-            return True
-        stack.extend(m.imports)
-    return False

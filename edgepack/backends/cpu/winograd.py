@@ -165,9 +165,13 @@ def output_transform(products, n: int, out_h: int, out_w: int, tile: int = 2):
     return te.compute((n, out_h, out_w, k), lambda *index: whole(*index), name=OUTPUT_BLOCK + "_crop")
 
 
+MAX_ZEROS = 0.5  # weights with more zeros than this share stay direct (see ``suits``)
+
+
 def suits(call, weight: np.ndarray | None) -> bool:
     """A stride-1, undilated, ungrouped 3x3 float32 convolution, channels-last, with constant weights and
-    enough channels and outputs."""
+    enough channels and outputs, whose weights are not mostly zeros (a pruned model's weights are stored
+    compressed, ``toolchain/packed_kernels.py``; transformed they would be dense)."""
     attrs = call.attrs
     if weight is None or str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI" \
             or str(attrs.out_layout) != "NHWC" or int(attrs.groups) != 1:
@@ -182,7 +186,7 @@ def suits(call, weight: np.ndarray | None) -> bool:
         return False
     channels_out, channels_in = int(weight.shape[0]), int(weight.shape[3])
     return min(channels_out, channels_in) >= MIN_CHANNELS and channels_out * channels_in >= MIN_CHANNEL_PRODUCT \
-        and min(out[1], out[2]) >= MIN_OUTPUT
+        and min(out[1], out[2]) >= MIN_OUTPUT and np.count_nonzero(weight) > MAX_ZEROS * weight.size
 
 
 # TVM's kOpaque, for the input transform: FuseOps fuses nothing into it. (An output transform before it,
