@@ -8,7 +8,6 @@ decoder is wrong fails there."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from conftest import run_cli, validate_real_model
 from gpu_common import plugin_with_a_device
