@@ -23,6 +23,7 @@ import functools
 from math import prod
 
 from edgepack.backends.cpu.round_even import round_even
+from edgepack.backends.cpu.whole_tiles import unpredicated_tiles
 from edgepack.backends.separate_products import separate_products
 
 TIR_PIPELINE = "edgepack-cpu"
@@ -92,7 +93,7 @@ def _pipeline():
 
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
     # rounding rewritten before TVM's vectorizer, which writes a vector ``nearbyint`` lane by lane
-    return (tvm.transform.Sequential([round_even(), separate_products(), lower]),
+    return (tvm.transform.Sequential([unpredicated_tiles(), round_even(), separate_products(), lower]),
             lambda: tvm.transform.Sequential([_stack_allocations(), finalize_host()]), finalize_device)
 
 
