@@ -39,6 +39,19 @@ def _mentions(expr, names: set) -> bool:
     return any(v.name in names for v in _vars(expr))
 
 
+def _clamp(index, extent):
+    """``index`` within ``[0, extent)``, in the index's own type."""
+    from tvm import tirx
+
+    dtype = str(index.ty.dtype)
+    last = tirx.Cast(dtype, extent) - 1 if str(extent.ty.dtype) != dtype else extent - 1
+    return tirx.max(tirx.min(index, last), tirx.const(0, dtype))
+
+
+def _mentions_only(expr, names: set) -> bool:
+    return all(v.name in names for v in _vars(expr))
+
+
 def _largest(values):
     from tvm import tirx
 
@@ -56,6 +69,16 @@ def _is_buffer(var) -> bool:
     return True
 
 
+def with_room(buffer, tops: list):
+    """``buffer`` declared large enough for the largest index of each dimension in ``tops`` (one list per
+    access)."""
+    from tvm import sym, tirx
+
+    shape = [sym.Analyzer().simplify(_largest([extent, *(t[d] + 1 for t in tops)]))
+             for d, extent in enumerate(buffer.shape)]
+    return tirx.decl_buffer(shape, buffer.dtype, buffer.name, scope=buffer.scope())
+
+
 def unpredicated_tiles():
     """The TIR pass (see the module docstring)."""
     import tvm_ffi
@@ -67,7 +90,9 @@ def unpredicated_tiles():
     def unpredicated(func, _mod, _ctx):
         params = list(func.params)
         buffers = [p for p in params if _is_buffer(p)]
-        sizes = {p.name for p in params if not _is_buffer(p)}  # the run-time sizes (scalar parameters)
+        # the run-time sizes: scalar parameters, and the variables of the inputs' and outputs' shapes
+        sizes = {p.name for p in params if not _is_buffer(p)}
+        sizes |= {v.name for b in buffers for extent in b.shape for v in _vars(extent)}
         if not sizes:
             return func
 
@@ -77,7 +102,7 @@ def unpredicated_tiles():
         def clamped(load):
             if not is_input(load.source):
                 return load
-            indices = [tirx.max(tirx.min(i, extent - 1), 0) for i, extent in zip(load.indices, load.source.shape)]
+            indices = [_clamp(i, extent) for i, extent in zip(load.indices, load.source.shape)]
             return tirx.BufferLoad(load.source, indices)
 
         loops: list = []  # (loop variable, its range)
@@ -95,14 +120,17 @@ def unpredicated_tiles():
                     if v.same_as(var):
                         analyzer.bind(v, extent)
             top = analyzer.int_set(value).max_value
+            if not _mentions_only(top, sizes):
+                return None  # a binding over more than the loops (an outer block's variables): left as it is
             extent = analyzer.simplify(tirx.max(iv.dom.extent, top + 1 - iv.dom.min))
             return tirx.IterVar(Range.from_min_extent(iv.dom.min, extent), iv.var, iv.iter_type, iv.thread_tag)
 
         reach: list = []  # (a buffer of the kernel's own, the largest index of each dimension a block reaches)
 
-        def note_reach(block, iter_vars) -> None:
+        def reached(block, iter_vars) -> list | None:
             """The indices past the edge the unpredicated ``block`` reaches in the kernel's own buffers: they are
-            sized to hold them (TVM compacts a buffer to its accesses, but within its declared extents)."""
+            sized to hold them (TVM compacts a buffer to its accesses, but within its declared extents). None
+            where a bound is not known in terms of the run-time sizes."""
             analyzer = sym.Analyzer()
             for iv in iter_vars:
                 analyzer.bind(iv.var, iv.dom)
@@ -111,10 +139,15 @@ def unpredicated_tiles():
                 if stmt is not None:
                     tvm_ffi.structural_walk(stmt, [(TensorLoad, accesses.append), (tirx.BufferStore, accesses.append)],
                                             order="pre")
+            found = []
             for access in accesses:
                 buffer = access.source if isinstance(access, TensorLoad) else access.buffer
                 if not is_input(buffer):
-                    reach.append((buffer, [analyzer.int_set(i).max_value for i in access.indices]))
+                    tops = [analyzer.int_set(i).max_value for i in access.indices]
+                    if not all(_mentions_only(t, sizes) for t in tops):
+                        return None
+                    found.append((buffer, tops))
+            return found
 
         def realize(node):
             predicate = node.predicate
@@ -131,7 +164,9 @@ def unpredicated_tiles():
             init = tvm_ffi.structural_map(block.init, [(TensorLoad, clamped)]) if block.init is not None else None
             iter_vars = [widened(iv, value) if _mentions(value, guarded) else iv
                          for iv, value in zip(block.iter_vars, node.iter_values)]
-            note_reach(block, iter_vars)
+            if any(iv is None for iv in iter_vars) or (found := reached(block, iter_vars)) is None:
+                return node
+            reach.extend(found)
             new = s_tir.SBlock(iter_vars, block.reads, block.writes, block.name_hint, body, init,
                                block.alloc_buffers, block.match_buffers, block.annotations)
             return s_tir.SBlockRealize(node.iter_values, True, new)
@@ -141,12 +176,7 @@ def unpredicated_tiles():
         for buffer, _top in reach:
             if any(buffer.same_as(old) for old, _new in resized):
                 continue
-            tops = [top for b, top in reach if b.same_as(buffer)]
-            shape = []
-            for d, extent in enumerate(buffer.shape):
-                need = [t[d] + 1 for t in tops if d < len(t)]
-                shape.append(sym.Analyzer().simplify(_largest([extent, *need])))
-            resized.append((buffer, tirx.decl_buffer(shape, buffer.dtype, buffer.name, scope=buffer.scope())))
+            resized.append((buffer, with_room(buffer, [top for b, top in reach if b.same_as(buffer)])))
 
         def at_size(var):
             return next((new for old, new in resized if var.same_as(old)), var)
