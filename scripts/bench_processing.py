@@ -69,12 +69,12 @@ def numpy_pipeline(library: Path, frame_shape: tuple[int, int], model_shape: tup
     """``run(frame)``: the pre-processing in NumPy, the unprocessed model, top-5 in NumPy."""
     import numpy as np
     import tvm
-    from tvm import relax
 
     from edgepack.frontends.reference import quiet_native_stderr
+    from edgepack.run.host import load_host_library
 
     with quiet_native_stderr():
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+        vm = load_host_library(library, tvm.cpu())
     main = vm["main"]
     pre = numpy_preprocess(frame_shape, model_shape)
 
@@ -88,12 +88,12 @@ def numpy_pipeline(library: Path, frame_shape: tuple[int, int], model_shape: tup
 
 def fused_pipeline(library: Path):
     import tvm
-    from tvm import relax
 
     from edgepack.frontends.reference import quiet_native_stderr
+    from edgepack.run.host import load_host_library
 
     with quiet_native_stderr():
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+        vm = load_host_library(library, tvm.cpu())
     main = vm["main"]
 
     def run(frame):

@@ -196,7 +196,7 @@ def write_c_bundle(
 ) -> Path:
     """Lay out the C bundle in ``dest``: what a user copies to build a program for the device.
 
-    ``include/`` (edgepack.h, tvm/ffi/c_api.h, dlpack/dlpack.h), ``src/`` (edgepack.c, ep_parallel.c/.h),
+    ``include/`` (edgepack.h, tvm/ffi/c_api.h, dlpack/dlpack.h), ``src/`` (edgepack.c, ep_parallel.c/.h, ep_program.c/.h),
     ``examples/main.c``, ``CMakeLists.txt``, ``Makefile`` and ``lib/``: the runtime's shared
     libraries and static archives, ``model.so`` (+ ``model.meta``) and ``libmodel.a``.
     """

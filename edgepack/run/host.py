@@ -16,6 +16,7 @@ from edgepack.manifest import BuildManifest
 from edgepack.run.huge_pages import model_memory_on_huge_pages
 from edgepack.run.parallel import pool
 from edgepack.tensors import contiguous
+from edgepack.toolchain.packed_kernels import register_program_loader
 
 
 def flatten_outputs(result) -> list[np.ndarray]:
@@ -35,6 +36,7 @@ def load_host_library(library: Path, device: Any) -> Any:
     from tvm import relax
 
     pool()  # edgepack's thread pool, before the library loads (it takes the pool's address then)
+    register_program_loader()  # a program stored compressed (mostly-zero weights)
     with model_memory_on_huge_pages(), quiet_native_stderr():
         return relax.VirtualMachine(tvm.runtime.load_module(str(library)), device)
 

@@ -25,13 +25,12 @@ from pathlib import Path
 
 from edgepack.errors import ToolchainError
 from edgepack.toolchain.process import run, tail
-from edgepack.toolchain.sources import LIBRARY, source_dir
 
 #: The suffix of a compressed module's kind.
 SUFFIX = "_lz4"
 #: The Relax program (bytecode and constants): stored compressed only where that saves ``PROGRAM_MIN_SAVING``
-#: of its bytes (mostly-zero weights: a pruned model's), and then decoded by the library itself at load
-#: (``runtimes/library/unpack_program.cc``, compiled in), so that any TVM runtime loads it.
+#: of its bytes (mostly-zero weights: a pruned model's). edgepack's runtimes decode it at load
+#: (``runtimes/api/c/src/ep_program.c``; Python: ``register_program_loader``).
 PROGRAM_KIND = "relax.VMExecutable"
 PROGRAM_MIN_SAVING = 0.2
 BLOB_SYMBOL = "__tvm_ffi__library_bin"
@@ -109,17 +108,21 @@ def _assembly(symbol: str, blob: Path) -> str:
             f'.incbin \\"{blob}\\"\\n.size {symbol}, .-{symbol}\\n.previous\\n");\n')
 
 
+def program_bytes(data: bytes) -> bytes:
+    """What a program's bytes lose before they are stored compressed: nothing (a test makes it lose more)."""
+    return data
+
+
 def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes: dict | None = None):
     """An ``fpack_imports`` for ``export_library``: the imports' blob with the modules of the kinds ``packed``
     names compressed, as an object made by ``compiler`` (the library's own C or C++ compiler, with
     ``options``). ``sizes`` receives per module kind (bytes before, bytes after)."""
     import tvm_ffi
-    import tvm_ffi.libinfo
 
     def fpack(module, is_system_lib: bool, prefix: str, workspace_dir: str) -> str:
         tvm_c = tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(module, is_system_lib, prefix)
         blob = _blob_of(tvm_c)
-        repacked, found = compress_kernels(blob[8:], {PROGRAM_KIND: lambda data: data, **packed})
+        repacked, found = compress_kernels(blob[8:], {PROGRAM_KIND: program_bytes, **packed})
         if sizes is not None:
             sizes.update(found)
         work = Path(workspace_dir)
@@ -127,23 +130,15 @@ def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes
         blob_path.write_bytes(struct.pack("<Q", len(repacked)) + repacked)
         symbol = f"{prefix}{BLOB_SYMBOL}"
         source = ['#ifdef __cplusplus\nextern "C" {\n#endif\n', _assembly(symbol, blob_path.resolve())]
-        flags = []
-        if PROGRAM_KIND in found:  # the library decodes its own program (a C++ static initialiser)
-            unpack = source_dir(LIBRARY) / "unpack_program.cc"
-            epilogue = f'#include "{unpack}"\n'
-            flags = ["-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
-        else:
-            epilogue = ""
         if is_system_lib:  # as TVM's: the program's system library finds the blob by name
             source.append(f"extern const unsigned char {symbol}[];\n"
                           "extern int TVMFFIEnvModRegisterSystemLibSymbol(const char*, void*);\n"
                           f'static int {symbol}_reg_ = TVMFFIEnvModRegisterSystemLibSymbol("{symbol}", '
                           f"(void*){symbol});\n")
         source.append("#ifdef __cplusplus\n}\n#endif\n")
-        source.append(epilogue)
         c_path, obj_path = work / f"{prefix}devc.cc", work / f"{prefix}devc.o"
         c_path.write_text("".join(source))
-        result = run([compiler, *(options or []), *flags, "-fPIC", "-c", str(c_path), "-o", str(obj_path)])
+        result = run([compiler, *(options or []), "-fPIC", "-c", str(c_path), "-o", str(obj_path)])
         if result.returncode != 0:
             raise ToolchainError(f"Assembling the library's kernels with {compiler} failed.", tail(result.stderr))
         return str(obj_path)
@@ -164,3 +159,23 @@ def packing(executable, compiler: str, options: list[str] | None, packed: Packed
     if os.environ.get(PLAIN_ENV) == "1":
         return {}
     return {"fpack_imports": pack_imports(compiler, options, packed)}
+
+
+def register_program_loader() -> None:
+    """The loader of a compressed program (``PROGRAM_KIND`` + ``SUFFIX``) in this process's TVM, as the C API
+    registers it (``runtimes/api/c/src/ep_program.c``): before a library whose program is stored so loads."""
+    import lz4.block
+    import tvm_ffi
+
+    name = f"ffi.Module.load_from_bytes.{PROGRAM_KIND}{SUFFIX}"
+    if tvm_ffi.get_global_func(name, allow_missing=True) is not None:
+        return
+    plain = tvm_ffi.get_global_func(f"ffi.Module.load_from_bytes.{PROGRAM_KIND}")
+
+    def load(data):
+        data = bytes(data)
+        (length,) = struct.unpack_from("<Q", data)
+        return plain(lz4.block.decompress(data[8:], uncompressed_size=length))
+
+    tvm_ffi.register_global_func(name, load)
+

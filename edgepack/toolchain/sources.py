@@ -6,7 +6,6 @@
     api/android/    the Java API and JNI layer shipped in AARs
     plugins/        TVM runtime modules for the GPUs (opencl/, vulkan/, and gpu-common/ they share)
     rpc-server/     the RPC server installed on devices (no Python there)
-    library/        what a model library may carry in itself (the decoder of its compressed program)
     tvm/            recipes for TVM's own runtime: runtime/ (CMake), compat/ (headers the wheel lacks), cmake/
 """
 
@@ -25,12 +24,11 @@ GPU_COMMON = "plugins/gpu-common"
 TVM_RUNTIME = "tvm/runtime"
 TVM_COMPAT = "tvm/compat"
 TVM_CMAKE = "tvm/cmake"
-LIBRARY = "library"
 
 
 #: the C API's implementation (runtimes/api/c/src), compiled into every program and library that uses it
-C_API_SOURCES = ("edgepack.c", "ep_parallel.c")
-C_API_PRIVATE_HEADERS = ("ep_parallel.h",)
+C_API_SOURCES = ("edgepack.c", "ep_parallel.c", "ep_program.c")
+C_API_PRIVATE_HEADERS = ("ep_parallel.h", "ep_program.h")
 
 
 def runtimes_dir() -> Path:

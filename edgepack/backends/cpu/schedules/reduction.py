@@ -30,7 +30,7 @@ class Reduction(CpuRule):
     def schedule(self, sch, cpu: CpuInfo) -> bool:
         blocks = child_blocks(sch)
         if all(is_spatial(sch, b) for b in blocks) or \
-                not all(trivially_bound(sch, b) and stores_one_value(sch, b) for b in blocks):
+                not all(trivially_bound(sch, b, symbolic=True) and stores_one_value(sch, b) for b in blocks):
             return False
         for block in blocks[:-1]:
             if is_spatial(sch, block) and len(sch.get_consumers(block)) == 1:

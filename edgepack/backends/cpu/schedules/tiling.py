@@ -59,6 +59,9 @@ PARALLEL_MIN_MULTIPLY_ADDS = 1 << 16
 # model 3%; MetaSchedule's best record of the first one tiles 7 pixels x 1 vector)
 L1_WEIGHT_BYTES = 32 * 1024
 MIN_L2_REPEAT = 4
+# a matrix product over rows of a run-time count runs its column tiles in parallel (each reading its weights
+# once) where it has at least this many (the CRNN's 6625 classes: 83)
+MIN_PARALLEL_COLUMN_TILES = 16
 PARALLEL_MIN_ELEMENTS = 1 << 14
 # A tile's padded copy of an input whose channels make no SIMD vector (an odd count: a network's first
 # convolution, 3 colours) was a loop nest copying element by element, each behind its bounds checks,
@@ -206,20 +209,28 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
         outer = others[:1] + tiles + [v_outer]
     else:
         outer = others[:1] + [v_outer] + tiles
+    rows_inside = None  # a run-time loop of rows kept inside the parallel loop of column tiles
     if not anatomy.pads and at_tile is None:
         # loops whose extent changes at run time (``--dim``) go outermost: the fused loop is then split back
         # into the others by numbers known at compile time, so the weights' layout can be rewritten for
         # the loop nest (PP-OCRv4's 6625-class projection at W = 160: 1.04 -> 0.91 ms). Not where padding
         # or a fused producer is computed per tile: their regions under such a loop came out too small
         # (a run then wrote past its stack buffers)
-        outer = [x for x in outer if static_extent(sch, x) is None] + \
-            [x for x in outer if static_extent(sch, x) is not None]
+        symbolic = [x for x in outer if static_extent(sch, x) is None]
+        static = [x for x in outer if static_extent(sch, x) is not None]
+        outer = symbolic + static
+        if not anatomy.window and symbolic == [r_outer] and static \
+                and prod(static_extent(sch, x) for x in static) >= MIN_PARALLEL_COLUMN_TILES:
+            # a product over run-time rows with many tiles of columns: the column tiles in parallel, every
+            # row inside each, so that a tile of the weights is read once, not once per tile of rows
+            outer, rows_inside = static, r_outer
     reductions = [loops[k] for k in anatomy.reduce]
-    sch.reorder(*outer, *channel_tiles, *reductions, *inner)
+    sch.reorder(*outer, *([rows_inside] if rows_inside is not None else []), *channel_tiles, *reductions, *inner)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     if extent_hint(sch, fused) > 1 and prod(anatomy.extents) >= PARALLEL_MIN_MULTIPLY_ADDS:
         sch.parallel(fused)
-    tile_loop = channel_tiles[0] if channel_tiles else fused  # where one register tile's output is stored
+    # where one register tile's output is stored
+    tile_loop = channel_tiles[0] if channel_tiles else rows_inside if rows_inside is not None else fused
 
     # accumulate in registers; the epilogue (every elementwise block after) runs once per tile
     write_back, cropped = cache_with_epilogue(sch, block, "local")
@@ -239,7 +250,7 @@ def register_tile(sch, anatomy: Anatomy, cpu: CpuInfo, tile: Tile | None = None,
         for loop in reductions:  # window unrolled, so that the taps of neighbouring pixels share their loads
             sch.unroll(loop)  # (and bounds checks): Zen 4, BlazeFace's 64x64x24 3x3 0.056 -> 0.051 ms,
             # MobileNetV2's 7x7x960 0.027 -> 0.025
-    tile_loops = sch.get_loops(write_back)[2 if channel_tiles else 1:]  # the write-back's own loops
+    tile_loops = sch.get_loops(write_back)[2 if channel_tiles or rows_inside is not None else 1:]  # its own loops
     store_tile(sch, write_back, tile_loops, tile.lanes, cpu.lanes(anatomy.dtype_bits), cropped)
     sch.decompose_reduction(block, reductions[0])
     schedule_leftovers(sch, fused, cpu)

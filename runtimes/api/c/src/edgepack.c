@@ -15,6 +15,7 @@
 
 #include "edgepack.h"
 #include "ep_parallel.h"
+#include "ep_program.h"
 
 #include <tvm/ffi/c_api.h>
 
@@ -1565,6 +1566,7 @@ void ep_register_runtime_builtins(void) {
   ep_register_builtin("tvm.contrib.sort.argsort", ep_run_argsort);
   ep_register_builtin("tvm.contrib.sort.sort", ep_run_sort);
   ep_register_builtin("tvm.contrib.sort.topk", ep_run_topk);
+  ep_register_builtin(EP_PACKED_PROGRAM_LOADER, ep_load_packed_program); /* a library's compressed program */
   done = 1;
 }
 
@@ -1865,6 +1867,7 @@ static ep_status ep_load_so(const char* path, TVMFFIObjectHandle* out_exec) {
   TVMFFIAny res;
   char context[512];
   ep_status st;
+  ep_register_runtime_builtins(); /* the loader of a compressed program among them: before the library loads */
   args[0] = ep_any_str(path);
   args[1] = ep_any_str("so");
   *out_exec = NULL;
@@ -2036,6 +2039,7 @@ ep_status ep_model_open_system_lib(const char* prefix, const char* meta_text,
   if (prefix == NULL) prefix = "";
   st = ep_autoload_plugins(NULL);
   if (st != EP_OK) return st;
+  ep_register_runtime_builtins(); /* the loader of a compressed program among them: before the library loads */
   ep_mark_memory(&mark);
   args[0] = ep_any_str(prefix);
   st = ep_call_global("ffi.SystemLib", args, 1, &res, EP_ERR_LOAD);

@@ -1,42 +1,45 @@
 /*
- * unpack_program.cc - compiled into a model library whose Relax program (TVM's "relax.VMExecutable"
- * module: the VM's bytecode and every constant, the weights among them) is stored compressed.
+ * ep_program.c - loading a model library whose Relax program (TVM's "relax.VMExecutable" module: the VM's
+ * bytecode and every constant, the weights among them) is stored compressed.
  *
  * edgepack stores that module as kind "relax.VMExecutable_lz4" with bytes "u64 length" + one LZ4 block
  * where LZ4 saves enough (edgepack/toolchain/packed_kernels.py): weights that are mostly zeros, such as a
- * pruned model's, take half their bytes or less. When the library is loaded (dlopen, or the program's
- * system library), this file's static initialiser registers the global function TVM's loader looks up for
- * that kind, "ffi.Module.load_from_bytes.relax.VMExecutable_lz4": it decodes the block and hands the bytes
- * to TVM's own loader for "relax.VMExecutable". So any TVM runtime loads the library (edgepack's C
- * runner, C bundles, the JNI layer, RPC servers, TVM's Python package): the decoder travels with the
- * model. The weights are decoded once, at load; inference reads them as before.
+ * pruned model's, take half their bytes or less. TVM's loader looks a kind's loader up as the global
+ * function "ffi.Module.load_from_bytes.<kind>"; ep_load_packed_program is that function (registered by
+ * ep_register_runtime_builtins, before the C API, the JNI layer or the RPC server loads a model): it decodes
+ * the block and hands the bytes to TVM's own loader for "relax.VMExecutable". The weights are decoded once,
+ * at load; inference reads them as before. (Python registers the same loader: edgepack/run/host.py.)
  *
- * Only tvm-ffi's C ABI is used (tvm/ffi/c_api.h). Every read and write of the decoder is bounds-checked.
+ * Only tvm-ffi's C ABI is used. Every read and write of the decoder is bounds-checked.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tvm/ffi/c_api.h>
 
-namespace {
+#include "ep_program.h"
 
-const char kPackedKind[] = "ffi.Module.load_from_bytes.relax.VMExecutable_lz4";
-const char kPlainKind[] = "ffi.Module.load_from_bytes.relax.VMExecutable";
+static const char kPlainKind[] = "ffi.Module.load_from_bytes.relax.VMExecutable";
+
+/* A length of 15 goes on in the bytes after it, each added, until one is not 255; false if they are cut off. */
+static int ExtendLength(const unsigned char* in, size_t size, size_t* ip, size_t* n) {
+  if (*n != 15) return 1;
+  unsigned char b = 255;
+  while (b == 255) {
+    if (*ip >= size) return 0;
+    b = in[(*ip)++];
+    *n += b;
+  }
+  return 1;
+}
 
 /* Decode the LZ4 block in[0, size) into out[0, expected); NULL on success, else what is wrong. */
-const char* DecodeBlock(const unsigned char* in, size_t size, unsigned char* out, size_t expected) {
+static const char* DecodeBlock(const unsigned char* in, size_t size, unsigned char* out, size_t expected) {
   size_t ip = 0, op = 0;
   while (ip < size) {
     const unsigned token = in[ip++];
     size_t literals = token >> 4;
-    if (literals == 15) {
-      unsigned char b = 255;
-      while (b == 255) {
-        if (ip >= size) return "a literal length is cut off";
-        b = in[ip++];
-        literals += b;
-      }
-    }
+    if (!ExtendLength(in, size, &ip, &literals)) return "a literal length is cut off";
     if (literals > size - ip || literals > expected - op) return "a literal run goes past the end";
     memcpy(out + op, in + ip, literals);
     ip += literals;
@@ -47,14 +50,7 @@ const char* DecodeBlock(const unsigned char* in, size_t size, unsigned char* out
     ip += 2;
     if (offset == 0 || offset > op) return "a match refers before the start of the output";
     size_t match = token & 15;
-    if (match == 15) {
-      unsigned char b = 255;
-      while (b == 255) {
-        if (ip >= size) return "a match length is cut off";
-        b = in[ip++];
-        match += b;
-      }
-    }
+    if (!ExtendLength(in, size, &ip, &match)) return "a match length is cut off";
     match += 4;
     if (match > expected - op) return "a match goes past the end of the output";
     for (size_t i = 0; i < match; ++i, ++op) out[op] = out[op - offset]; /* may overlap itself */
@@ -62,17 +58,18 @@ const char* DecodeBlock(const unsigned char* in, size_t size, unsigned char* out
   return op == expected ? NULL : "the block decodes to fewer bytes than its header says";
 }
 
-int Fail(const char* why) {
+static int Fail(const char* why) {
   TVMFFIErrorSetRaisedFromCStr("RuntimeError", why);
   return -1;
 }
 
 /* ffi.Module.load_from_bytes.relax.VMExecutable_lz4(bytes) -> Module */
-int LoadPacked(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+int ep_load_packed_program(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  (void)self;
   if (num_args != 1) return Fail("the compressed Relax program's loader takes one argument");
   const TVMFFIByteArray* packed = NULL;
   if (args[0].type_index == kTVMFFIBytes) {
-    packed = TVMFFIBytesGetByteArrayPtr(args[0].v_obj);
+    packed = (const TVMFFIByteArray*)((const char*)args[0].v_obj + sizeof(TVMFFIObject)); /* after its header */
   } else if (args[0].type_index == kTVMFFIByteArrayPtr) {
     packed = (const TVMFFIByteArray*)args[0].v_ptr;
   } else {
@@ -106,17 +103,3 @@ int LoadPacked(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result
   free(plain);
   return status;
 }
-
-/* Registered at load, before the library's modules are; a later library's copy replaces an earlier one's
- * (the same function, and the earlier library may be unloaded by then). */
-struct Register {
-  Register() {
-    TVMFFIObjectHandle f = NULL;
-    if (TVMFFIFunctionCreate(NULL, LoadPacked, NULL, &f) != 0) return;
-    const TVMFFIByteArray name = {kPackedKind, sizeof(kPackedKind) - 1};
-    TVMFFIFunctionSetGlobal(&name, f, 1);
-    TVMFFIObjectDecRef(f);
-  }
-} register_packed_loader;
-
-}  // namespace
