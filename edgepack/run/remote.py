@@ -34,6 +34,7 @@ from edgepack.run.results import BenchResult
 from edgepack.run.threads import use_threads_remote
 from edgepack.tensors import contiguous, random_inputs
 from edgepack.text import short
+from edgepack.toolchain.packed_kernels import PROGRAM_KIND, SUFFIX
 
 T = TypeVar("T")
 
@@ -69,7 +70,17 @@ def _load_remote(remote: Any, library: Path, manifest: BuildManifest):
 
     name = f"model-{file_sha256(library)[:12]}.so"
     remote.upload(bytearray(library.read_bytes()), name)
-    lib = remote.load_module(name)
+    try:
+        lib = remote.load_module(name)
+    except Exception as exc:
+        if PROGRAM_KIND + SUFFIX not in str(exc):
+            raise
+        raise EdgepackError(
+            f"The device's RPC server cannot load {library.name}: its program is stored compressed (its weights "
+            "are mostly zeros), which edgepack's RPC server decodes and TVM's Python RPC server does not.",
+            "Use edgepack's RPC server on the device (rpc_server = \"edgepack\" in its entry, then `edgepack "
+            "device check NAME`), or compile with EDGEPACK_PLAIN_KERNELS=1 to store the program plain.",
+        ) from exc
     dev = backend_for(manifest).remote_device(remote)
     if not dev.exist:
         raise EdgepackError(
