@@ -46,9 +46,8 @@ def test_accumulators_of_a_run_time_width_are_not_guarded(tmp_path):
     """A fused depthwise + pointwise convolution over a ``--dim`` width: without the pass every block under
     its register tile is behind a condition (the accumulators' updates: a branch per pixel of the tile per
     input channel); with it, only the stores of the kernel's output are."""
-    from model_factory import onnx_depthwise_pointwise
-
     import onnx
+    from model_factory import onnx_depthwise_pointwise
 
     model = onnx.load(onnx_depthwise_pointwise(tmp_path / "dwpw.onnx"))
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"  # its width known at run time
