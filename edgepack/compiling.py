@@ -261,7 +261,7 @@ def export_library(executable, path: Path, packed: Packed | None = None) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     # GPU kernels stored compressed, as in the device library, so that host validation loads them the same way
     try:
-        executable.export_library(str(path), **packing(executable, os.environ.get("CXX", "g++"), None, packed or {}))
+        executable.export_library(str(path), **packing(os.environ.get("CXX", "g++"), None, packed or {}))
     except Exception as exc:
         raise ToolchainError(f"Linking {path.name} failed: {first_line(exc)}",
                              "Check this machine's C++ compiler with `edgepack doctor`.") from exc

@@ -294,7 +294,7 @@ def export_model_static(
     ar = archiver(cc)
     with tempfile.TemporaryDirectory(prefix="edgepack-static-") as tmp_name:
         tmp = Path(tmp_name)
-        executable.export_library(str(tmp / "model.tar"), **packing(executable, cc, list(cflags), packed or {}))
+        executable.export_library(str(tmp / "model.tar"), **packing(cc, list(cflags), packed or {}))
         objects_dir = tmp / "objects"
         objects_dir.mkdir()
         with tarfile.open(tmp / "model.tar") as tar:
@@ -364,7 +364,7 @@ def export_model_shared(
         fcompile.output_format = base.output_format
         try:
             executable.export_library(str(out_path), fcompile=fcompile, addons=addons,
-                                      **packing(executable, cc or c_compiler_for(cxx), list(options), packed or {}))
+                                      **packing(cc or c_compiler_for(cxx), list(options), packed or {}))
         except Exception as exc:  # TVM raises RuntimeError with the linker output
             raise ToolchainError(f"Linking {out_path.name} with {cxx} failed.", tail(str(exc))) from exc
     return out_path

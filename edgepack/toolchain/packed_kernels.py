@@ -151,11 +151,10 @@ def pack_imports(compiler: str, options: list[str] | None, packed: Packed, sizes
 PLAIN_ENV = "EDGEPACK_PLAIN_KERNELS"
 
 
-def packing(executable, compiler: str, options: list[str] | None, packed: Packed) -> dict:
-    """``export_library``'s keyword arguments that store ``executable``'s modules of the kinds ``packed`` names
+def packing(compiler: str, options: list[str] | None, packed: Packed) -> dict:
+    """``export_library``'s keyword arguments that store an executable's modules of the kinds ``packed`` names
     compressed, and its Relax program where that pays (``PROGRAM_MIN_SAVING``): none where
     ``$EDGEPACK_PLAIN_KERNELS`` is 1."""
-    del executable  # every executable has a program
     if os.environ.get(PLAIN_ENV) == "1":
         return {}
     return {"fpack_imports": pack_imports(compiler, options, packed)}
